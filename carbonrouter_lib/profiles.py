@@ -14,9 +14,9 @@ The analytical model (spec §3), with P_m parameters, F_h peak dense FP16 FLOP/s
 B_h memory bandwidth in bytes/s, G_{m,h} GPUs per deployment:
 
 - prefill MFU            η_{m,h} = η_ref · (P_m / 70e9)^(1−α) · η_h
-- uncached input token   e_in   = 2·P_m · f · TDP_h / (η_{m,h} · F_h)      J/token (/3.6e6 → kWh)
-- prefill throughput     v_pre  = η_{m,h} · G_{m,h} · F_h / (2·P_m)         tokens/s
-- decode throughput      v_dec  = G_{m,h} · B_h / (2·P_m)                   tokens/s (16-bit weights)
+- uncached input token   e_in  = 2·P_m · f · TDP_h / (η_{m,h} · F_h)   J/token (/3.6e6 → kWh)
+- prefill throughput     v_pre = η_{m,h} · G_{m,h} · F_h / (2·P_m)      tokens/s
+- decode throughput      v_dec = G_{m,h} · B_h / (2·P_m)                tokens/s (16-bit weights)
 - e_out = κ · e_in,  e_cache = γ · e_in,  ρ_{m,h} = e_in / e_in(Llama-3.1-70B, A100).
 """
 
@@ -265,7 +265,8 @@ def _merge_specs(
     """Defaults updated by ``overrides``: each value a full spec or a dict of changed fields.
 
     Names not in the defaults are appended (after the defaults, in the given order) and must be
-    full specs.
+    full specs. In a dict of fields, a ``gpus_per_deployment`` mapping updates the model's GPU
+    counts per GPU type (others keep theirs); a full spec replaces everything.
     """
     merged = dict(defaults)
     for name, value in (overrides or {}).items():
@@ -288,7 +289,13 @@ def _merge_specs(
                     f"{what}[{name!r}]: unknown field(s) {sorted(unknown)}; "
                     f"allowed: {sorted(fields)}"
                 )
-            merged[name] = dataclasses.replace(merged[name], **value)
+            changes = dict(value)
+            if isinstance(changes.get("gpus_per_deployment"), Mapping):
+                # Update G_{m,h} per GPU type rather than replace the whole table: overriding
+                # {"H100": 8} must not silently reset the model's other multi-GPU counts to 1.
+                old = dict(merged[name].gpus_per_deployment)
+                changes["gpus_per_deployment"] = old | dict(changes["gpus_per_deployment"])
+            merged[name] = dataclasses.replace(merged[name], **changes)
         else:
             raise TypeError(
                 f"{what}[{name!r}] must be a {kind.__name__} or a dict of its fields, "
@@ -314,7 +321,8 @@ def analytical_profiles(
         under a new name adds a GPU type (after the defaults).
     models : mapping, optional
         Changes to :data:`MODEL_SPECS`, same scheme (e.g.
-        ``{"Llama-3.1-70B": {"gpus_per_deployment": {"H100": 8}}}``).
+        ``{"Llama-3.1-70B": {"gpus_per_deployment": {"H100": 8}}}`` changes the 70B's H100 count
+        only; its A10 and A100 counts stay 8).
     constants : ProfileConstants, optional
         The constants; default the paper's.
     **overrides : float
@@ -461,19 +469,26 @@ def validate_profiles(
     bad = (cache < 0) | (cache > out["e_in_kwh"].to_numpy())
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        fail(i, f"e_cache_kwh must be in [0, e_in_kwh = {out['e_in_kwh'].iloc[i]!r}], "
-             f"got {cache[i]!r}")
+        fail(
+            i,
+            f"e_cache_kwh must be in [0, e_in_kwh = {out['e_in_kwh'].iloc[i]!r}], got {cache[i]!r}",
+        )
     out["e_cache_kwh"] = cache
 
     def integer_column(col: str, from_catalog) -> None:
         if col in out.columns:
             vals = numeric(col)
         else:
-            vals = np.array([from_catalog(m, g) for m, g in zip(out["model"], out["gpu"])], float)
+            vals = np.array(
+                [from_catalog(m, g) for m, g in zip(out["model"], out["gpu"], strict=True)], float
+            )
             if np.isnan(vals).any():
                 i = int(np.flatnonzero(np.isnan(vals))[0])
-                fail(i, f"no {col} column and {out['model'].iloc[i]!r} on "
-                        f"{out['gpu'].iloc[i]!r} is not in the catalog; add the column")
+                fail(
+                    i,
+                    f"no {col} column and {out['model'].iloc[i]!r} on "
+                    f"{out['gpu'].iloc[i]!r} is not in the catalog; add the column",
+                )
         bad = (vals < 1) | (vals != np.round(vals))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
