@@ -32,7 +32,7 @@ def list_notebooks(notebook_dir: Path = NOTEBOOK_DIR) -> list[Path]:
 
 
 def small_parameters(path: Path = TEST_PARAMETERS) -> dict[str, dict[str, Any]]:
-    """Small parameters per notebook for the notebook tests: ``{notebook file name: {name: value}}``.
+    """Small parameters per notebook for the notebook tests: ``{notebook name: {param: value}}``.
 
     The key ``"*"`` applies to every notebook; a notebook's own entry overrides it.
     """
@@ -48,7 +48,7 @@ def _parameters_for(nb: Path, table: dict[str, dict[str, Any]], **extra: Any) ->
 
 
 def prepare_for_tests(dest: Path, figures_dir: Path, results_dir: Path) -> list[Path]:
-    """Write copies of every notebook with the test parameters injected (not executed) to ``dest``."""
+    """Write copies of every notebook with the test parameters injected (unexecuted) to ``dest``."""
     import papermill as pm
 
     dest.mkdir(parents=True, exist_ok=True)
@@ -76,7 +76,7 @@ def run_all(
     """Execute every notebook with its default parameters; return wall time per notebook (s).
 
     Executed copies go to ``output_dir``. A failed notebook stops the run (its partly executed copy
-    is kept beside the others with the suffix ``.failed.ipynb`` so it is never mistaken for a result).
+    is kept with the suffix ``.failed.ipynb``, so it is never mistaken for a result).
     """
     import papermill as pm
 

@@ -1,4 +1,4 @@
-"""The notebooks as stored: no outputs, a papermill parameters cell, and test parameters that fit."""
+"""Notebooks as stored: no outputs, a papermill parameters cell, test parameters that fit."""
 
 from __future__ import annotations
 
