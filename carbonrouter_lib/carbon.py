@@ -1,0 +1,1136 @@
+"""Grid carbon intensity CI_r(t) (gCO2e/kWh) per region, on a regular 5-minute grid.
+
+The paper routes each query by the carbon intensity of every region at the query's arrival time
+(spec §1–§2). This module turns the mirrored data into that signal and computes the paper's
+Section-2 statistics from it.
+
+Sources (spec §8a, data README ``carbon/``):
+
+- Electricity Maps hourly exports (GB, US-CAL-CISO 2021–2024; BE, CH, DE, FR, NL, PL 2021–2022):
+  consumption-based life-cycle (LCA) intensity; each stamp is the start of its hour (UTC).
+- ENTSO-E-derived series (AT 15-minute, BE hourly, 2017–2020): production-based LCA intensity
+  (ignores imports, so cleaner than a consumption-based figure). No Electricity Maps series exists
+  here for AT, so AT comes from this file for ``at_source_year`` (default 2020), moved onto the
+  carbon year by a whole number of weeks (:func:`shift_by_weeks`) so weekdays match.
+- Ember annual means per country (co2.js, mostly 2024) for the 21-country span of Fig. 1(a).
+
+Step-hold: every source value (hourly or 15-minute) is the intensity of the interval that starts
+at its stamp, so on the 5-minute grid it is held constant until the next source stamp. The signal
+answers "latest grid value at or before t" (:meth:`CarbonSignal.at`).
+
+Units: intensities in gCO2e/kWh; times in UTC; the simulator's time axis is float64 seconds since
+the Unix epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "AnnualSpan",
+    "CarbonConfig",
+    "CarbonDataError",
+    "CarbonSignal",
+    "EM_LCA_COLUMN",
+    "EM_TIME_COLUMN",
+    "ENTSOE_LCA_COLUMN",
+    "ENTSOE_TIME_COLUMN",
+    "PAPER_COUNTRIES_21",
+    "PAPER_SECTION2",
+    "REGION_SETS",
+    "ShiftedSeries",
+    "annual_means_span",
+    "cleanest_intervals",
+    "cleanest_shares",
+    "cross_region_ratio",
+    "electricitymaps_name",
+    "entsoe_name",
+    "hold_on_grid",
+    "load_annual_means",
+    "load_electricitymaps_csv",
+    "load_entsoe_csv",
+    "median_cross_region_ratio",
+    "range_ratio",
+    "section2_comparison",
+    "section2_stats",
+    "shift_by_weeks",
+    "year_grid",
+]
+
+EM_TIME_COLUMN = "Datetime (UTC)"
+EM_LCA_COLUMN = "Carbon Intensity gCO₂eq/kWh (LCA)"
+ENTSOE_TIME_COLUMN = "datetime_utc"
+ENTSOE_LCA_COLUMN = "ci_lca_gco2eq_per_kwh"
+ANNUAL_MEANS_NAME = "carbon/annual/co2js_ember_average_intensities.json"
+
+WEEK = pd.Timedelta(weeks=1)
+#: Whole weeks that :func:`shift_by_weeks` wraps by when the shifted source leaves a gap at an end
+#: of the target year (52 weeks = 364 days keeps the weekday and the season).
+WRAP_WEEKS = 52
+
+#: Region sets (spec §2, §8a). "paper": the paper's four regions, AT from ENTSO-E (production-
+#: based); "em-only": CH (Electricity Maps, same method as the others) in place of AT.
+REGION_SETS: dict[str, tuple[str, ...]] = {
+    "paper": ("AT", "GB", "BE", "US-CAL-CISO"),
+    "em-only": ("CH", "GB", "BE", "US-CAL-CISO"),
+}
+
+#: The paper's Section-2 numbers (spec §10), for display beside ours.
+PAPER_SECTION2: dict[str, object] = {
+    "annual_span_ratio": 20.4,
+    "annual_span_n_countries": 21,
+    "annual_max": ("India", 705.0),
+    "annual_min": ("Switzerland", 35.0),
+    "range_ratio_low": 2.7,
+    "range_ratio_high": 5.9,
+    "range_ratio_year": 2025,
+    "median_cross_region_ratio": 2.25,
+    "cleanest_share_low": 0.13,
+    "cleanest_share_high": 0.32,
+}
+
+#: Our reconstruction of the paper's 21 countries (ISO3) for Fig. 1(a). The paper names only its
+#: extremes, India (705 gCO2e/kWh, highest) and Switzerland (35, lowest). We take countries that
+#: host major public-cloud regions (AWS / Azure / GCP), including the paper's four regions'
+#: countries (AT, GB, BE, US), and keep only countries whose Ember value lies between
+#: Switzerland's and India's so that the paper's extremes stay the extremes; this excludes Sweden
+#: and Norway (below CH in Ember) and South Africa (above India). Not the paper's list.
+PAPER_COUNTRIES_21: tuple[str, ...] = (
+    "IND", "CHE", "AUT", "GBR", "BEL", "USA", "DEU", "FRA", "NLD", "IRL", "FIN",
+    "ITA", "ESP", "POL", "CAN", "BRA", "JPN", "KOR", "SGP", "AUS", "CHN",
+)  # fmt: skip
+
+
+class CarbonDataError(ValueError):
+    """A carbon-intensity file or frame is malformed; the message names the file and row/stamp."""
+
+
+# --------------------------------------------------------------------------------------------
+# Registry names
+# --------------------------------------------------------------------------------------------
+
+
+def electricitymaps_name(zone: str, year: int) -> str:
+    """Registry name of an Electricity Maps hourly export, e.g. ``GB_2022_hourly.csv``."""
+    return f"carbon/electricitymaps/{zone}_{year}_hourly.csv"
+
+
+def entsoe_name(zone: str, year: int) -> str:
+    """Registry name of the ENTSO-E-derived series of ``zone`` for ``year`` (any cadence).
+
+    Raises
+    ------
+    KeyError
+        No such file is registered; the message lists the registered ENTSO-E-derived files.
+    """
+    from carbonrouter_lib.datasets import REGISTRY
+
+    pattern = re.compile(
+        rf"^carbon/entsoe_derived/{re.escape(zone)}_{year}_\d+min_lca_entsoe\.csv$"
+    )
+    found = sorted(n for n in REGISTRY if pattern.match(n))
+    if len(found) != 1:
+        have = sorted(n.rsplit("/", 1)[-1] for n in REGISTRY if "entsoe_derived/" in n)
+        raise KeyError(f"no unique ENTSO-E-derived file for {zone} {year}; registered: {have}")
+    return found[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Loaders and validation
+# --------------------------------------------------------------------------------------------
+
+# ISO-like stamp with an optional zone designator: 2022-01-01 00:00:00, 2019-12-31T23:00:00Z,
+# 2022-01-01T00:00:00+01:00.
+_STAMP_RE = re.compile(
+    r"^\s*(?P<base>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?)"
+    r"\s*(?P<tz>Z|[+-]\d{2}:?\d{2})?\s*$"
+)
+_UTC_DESIGNATORS = {"Z", "+00:00", "+0000", "-00:00", "-0000"}
+
+
+def _line(i: int) -> int:
+    """File line number of data row ``i`` (0-based) when line 1 is the header."""
+    return i + 2
+
+
+def _read_columns(path: Path, time_col: str, value_col: str) -> pd.DataFrame:
+    try:
+        header = pd.read_csv(path, nrows=0, encoding="utf-8-sig").columns
+    except (pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise CarbonDataError(f"{path}: cannot read a CSV header ({exc})") from exc
+    missing = [c for c in (time_col, value_col) if c not in header]
+    if missing:
+        raise CarbonDataError(f"{path}: missing column(s) {missing}; columns are {list(header)}")
+    # Read as text: the numeric and timestamp checks below must see what the file really says.
+    df = pd.read_csv(path, usecols=[time_col, value_col], dtype=str, encoding="utf-8-sig")
+    if len(df) < 2:
+        raise CarbonDataError(f"{path}: {len(df)} data row(s); need at least 2 to know the cadence")
+    return df
+
+
+def _parse_stamps(path: Path, raw: pd.Series, naive_is_utc: bool) -> pd.DatetimeIndex:
+    """Parse ISO stamps to a UTC index; reject offsets other than UTC (and naive ones if asked)."""
+    if raw.isna().any():
+        i = int(np.flatnonzero(raw.isna().to_numpy())[0])
+        raise CarbonDataError(f"{path}: line {_line(i)}: empty timestamp")
+    parts = raw.str.extract(_STAMP_RE)
+    bad = parts["base"].isna().to_numpy()
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise CarbonDataError(f"{path}: line {_line(i)}: unparseable timestamp {raw.iloc[i]!r}")
+    tz = parts["tz"]
+    naive = tz.isna().to_numpy()
+    if naive.any() and not naive_is_utc:
+        i = int(np.flatnonzero(naive)[0])
+        raise CarbonDataError(
+            f"{path}: line {_line(i)}: timestamp {raw.iloc[i]!r} has no zone designator; "
+            "this format requires UTC stamps ending in 'Z'"
+        )
+    offset = (~naive) & ~tz.isin(_UTC_DESIGNATORS).to_numpy()
+    if offset.any():
+        i = int(np.flatnonzero(offset)[0])
+        raise CarbonDataError(
+            f"{path}: line {_line(i)}: timestamp {raw.iloc[i]!r} is not UTC (offset "
+            f"{tz.iloc[i]}); the file must be in UTC"
+        )
+    try:
+        stamps = pd.to_datetime(parts["base"], format="ISO8601", utc=True)
+    except (ValueError, OverflowError) as exc:
+        raise CarbonDataError(f"{path}: invalid timestamp ({exc})") from exc
+    return pd.DatetimeIndex(stamps).as_unit("ns").rename("time_utc")
+
+
+def _parse_values(path: Path, raw: pd.Series, stamps: pd.DatetimeIndex, col: str) -> np.ndarray:
+    """Parse intensities (gCO2e/kWh): no missing, non-numeric, non-finite or negative values."""
+    missing = raw.isna().to_numpy() | (raw.str.strip() == "").to_numpy()
+    if missing.any():
+        i = int(np.flatnonzero(missing)[0])
+        raise CarbonDataError(
+            f"{path}: line {_line(i)} ({stamps[i]}): missing value in column {col!r} "
+            f"({int(missing.sum())} missing in all)"
+        )
+    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise CarbonDataError(
+            f"{path}: line {_line(i)} ({stamps[i]}): non-numeric value {raw.iloc[i]!r} in "
+            f"column {col!r} ({int(bad.sum())} such rows)"
+        )
+    neg = values < 0
+    if neg.any():
+        i = int(np.flatnonzero(neg)[0])
+        raise CarbonDataError(
+            f"{path}: line {_line(i)} ({stamps[i]}): negative intensity {values[i]} in "
+            f"column {col!r}"
+        )
+    return values
+
+
+def _check_index(path: Path, stamps: pd.DatetimeIndex, cadence: pd.Timedelta | None) -> None:
+    """Duplicates, order, alignment and gaps; ``cadence`` None = the most common step."""
+    dup = stamps.duplicated(keep=False)
+    if dup.any():
+        rows = np.flatnonzero(dup)
+        first = stamps[rows[0]]
+        lines = [_line(int(i)) for i in rows if stamps[i] == first]
+        raise CarbonDataError(f"{path}: duplicated timestamp {first} on lines {lines}")
+    ns = stamps.asi8
+    step = np.diff(ns)
+    back = step < 0
+    if back.any():
+        i = int(np.flatnonzero(back)[0]) + 1
+        raise CarbonDataError(
+            f"{path}: line {_line(i)}: timestamp {stamps[i]} is earlier than the previous one "
+            f"({stamps[i - 1]}); stamps must increase"
+        )
+    if cadence is None:
+        values, counts = np.unique(step, return_counts=True)
+        cadence_ns = int(values[np.argmax(counts)])
+    else:
+        cadence_ns = int(pd.Timedelta(cadence).value)
+    off_grid = ns % cadence_ns != 0
+    if off_grid.any():
+        i = int(np.flatnonzero(off_grid)[0])
+        raise CarbonDataError(
+            f"{path}: line {_line(i)}: timestamp {stamps[i]} is not at the start of a "
+            f"{pd.Timedelta(cadence_ns)} interval"
+        )
+    irregular = step != cadence_ns
+    if irregular.any():
+        i = int(np.flatnonzero(irregular)[0]) + 1
+        gap = pd.Timedelta(int(step[i - 1]))
+        n_missing = int(step[irregular].sum() // cadence_ns - irregular.sum())
+        raise CarbonDataError(
+            f"{path}: gap before line {_line(i)}: {stamps[i - 1]} -> {stamps[i]} is {gap}, "
+            f"cadence is {pd.Timedelta(cadence_ns)} ({int(irregular.sum())} irregular step(s), "
+            f"{n_missing} missing stamp(s) in all)"
+        )
+
+
+def _load(
+    path: str | PathLike,
+    time_col: str,
+    value_col: str,
+    naive_is_utc: bool,
+    cadence: str | pd.Timedelta | None,
+) -> pd.Series:
+    path = Path(path)
+    df = _read_columns(path, time_col, value_col)
+    stamps = _parse_stamps(path, df[time_col], naive_is_utc)
+    values = _parse_values(path, df[value_col], stamps, value_col)
+    _check_index(path, stamps, None if cadence is None else pd.Timedelta(cadence))
+    series = pd.Series(values, index=stamps, name="gco2_per_kwh")
+    series.attrs["source"] = str(path)
+    return series
+
+
+def load_electricitymaps_csv(path: str | PathLike, cadence: str | None = "1h") -> pd.Series:
+    """Load an Electricity Maps export's life-cycle intensity.
+
+    Parameters
+    ----------
+    path
+        CSV with columns ``Datetime (UTC)`` and ``Carbon Intensity gCO₂eq/kWh (LCA)``.
+        Stamps may be naive (the column header declares UTC, as in the exports) or carry a UTC
+        designator (``Z``/``+00:00``); any other offset is an error.
+    cadence
+        Expected step between stamps (default one hour); None infers the most common step.
+
+    Returns
+    -------
+    pd.Series
+        gCO2e/kWh indexed by a UTC ``DatetimeIndex`` named ``time_utc``; each stamp is the
+        start of the interval (hour) the value describes.
+
+    Raises
+    ------
+    CarbonDataError
+        Missing column, missing/non-numeric/negative value, unparseable or non-UTC stamp,
+        duplicated or decreasing stamps, a stamp off the cadence grid, or a gap; the message
+        names the file and the line/timestamp.
+    """
+    return _load(path, EM_TIME_COLUMN, EM_LCA_COLUMN, naive_is_utc=True, cadence=cadence)
+
+
+def load_entsoe_csv(path: str | PathLike, cadence: str | None = None) -> pd.Series:
+    """Load an ENTSO-E-derived series (``datetime_utc``, ``ci_lca_gco2eq_per_kwh``).
+
+    Stamps must carry a UTC designator (``...Z``); naive or offset stamps are errors. The cadence
+    (15 min for AT, 60 min for BE) is inferred as the most common step unless given. Same return
+    value and errors as :func:`load_electricitymaps_csv`.
+    """
+    return _load(path, ENTSOE_TIME_COLUMN, ENTSOE_LCA_COLUMN, naive_is_utc=False, cadence=cadence)
+
+
+def load_annual_means(path: str | PathLike | None = None) -> pd.DataFrame:
+    """Ember annual mean intensity per country (co2.js ``average-intensities.json``).
+
+    Parameters
+    ----------
+    path
+        The JSON file; default the registry's
+        ``carbon/annual/co2js_ember_average_intensities.json``.
+
+    Returns
+    -------
+    pd.DataFrame
+        Columns ``iso3``, ``country``, ``year`` (the Ember year of that value, mostly 2024),
+        ``gco2_per_kwh``; one row per country, sorted by ``iso3``. Aggregates (World, EU, G20,
+        continents: entries without a 3-letter ISO code) are dropped.
+
+    Raises
+    ------
+    CarbonDataError
+        An entry lacks a field, or its intensity is non-numeric or negative.
+    """
+    if path is None:
+        from carbonrouter_lib.datasets import fetch
+
+        path = fetch(ANNUAL_MEANS_NAME)
+    path = Path(path)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    rows = []
+    for key, entry in data.items():
+        code = entry.get("country_code", "") if isinstance(entry, dict) else None
+        if code is None:
+            raise CarbonDataError(f"{path}: entry {key!r} is not an object")
+        if not (isinstance(code, str) and len(code) == 3 and code.isalpha() and code.isupper()):
+            continue  # an aggregate (World, EU, ...), not a country
+        try:
+            value = float(entry["emissions_intensity_gco2_per_kwh"])
+            year = int(entry["year"])
+            country = str(entry["country_or_region"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CarbonDataError(f"{path}: entry {key!r}: bad or missing field ({exc})") from exc
+        if not np.isfinite(value) or value < 0:
+            raise CarbonDataError(f"{path}: entry {key!r}: invalid intensity {value}")
+        rows.append((code, country, year, value))
+    df = pd.DataFrame(rows, columns=["iso3", "country", "year", "gco2_per_kwh"])
+    if df["iso3"].duplicated().any():
+        dups = sorted(df["iso3"][df["iso3"].duplicated()])
+        raise CarbonDataError(f"{path}: duplicated ISO3 codes {dups}")
+    return df.sort_values("iso3", ignore_index=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Year alignment
+# --------------------------------------------------------------------------------------------
+
+
+def _year_bounds(year: int) -> tuple[pd.Timestamp, pd.Timestamp]:
+    return pd.Timestamp(f"{year}-01-01", tz="UTC"), pd.Timestamp(f"{year + 1}-01-01", tz="UTC")
+
+
+def _cadence(index: pd.DatetimeIndex) -> pd.Timedelta:
+    steps = np.diff(index.asi8)
+    if len(steps) == 0 or (steps != steps[0]).any() or steps[0] <= 0:
+        raise CarbonDataError("series must have a regular, increasing index of at least 2 stamps")
+    return pd.Timedelta(int(steps[0]))
+
+
+@dataclass(frozen=True)
+class ShiftedSeries:
+    """Result of :func:`shift_by_weeks`.
+
+    Attributes
+    ----------
+    series
+        gCO2e/kWh on the source cadence, covering the target year exactly
+        ``[Jan 1 00:00, next Jan 1 00:00)`` UTC.
+    weeks
+        Whole weeks added to the source stamps.
+    source_year, target_year
+        Calendar years.
+    filled_start, filled_end
+        Steps at the start / end of the target year that the shifted source did not reach and
+        that were filled by wrapping round the source by :data:`WRAP_WEEKS` weeks.
+    """
+
+    series: pd.Series
+    weeks: int
+    source_year: int
+    target_year: int
+    filled_start: int
+    filled_end: int
+
+    @property
+    def filled(self) -> int:
+        """All filled steps (start + end)."""
+        return self.filled_start + self.filled_end
+
+
+def shift_by_weeks(
+    series: pd.Series, target_year: int, source_year: int | None = None
+) -> ShiftedSeries:
+    """Move a (roughly one-year) series onto ``target_year`` by a whole number of weeks.
+
+    A shift by whole weeks keeps every value on the same weekday and time of day, which matters
+    because demand (and so intensity) follows the working week. The shift chosen is the one whose
+    shifted source overlaps the target year most; ties go to the shift closest to moving
+    ``source_year``'s Jan 1 onto the target's Jan 1.
+
+    The target year is then filled completely: a target instant ``t`` takes the source value at
+    ``t - shift``; where that lies before the source's first stamp (after its last interval) it
+    takes ``t - shift + 52 weeks`` (``- 52 weeks``) instead, i.e. the ends wrap round the source
+    year by whole weeks, so weekday and season are kept. The number of filled steps at each end
+    is reported.
+
+    Parameters
+    ----------
+    series
+        gCO2e/kWh on a regular UTC index (each stamp the start of its interval), at least 52
+        weeks long.
+    target_year
+        Calendar year to cover.
+    source_year
+        Calendar year the series represents; default the year of its middle stamp (the
+        ENTSO-E files start at 23:00 UTC on Dec 31 of the year before, local midnight).
+
+    Returns
+    -------
+    ShiftedSeries
+        The shifted series (source cadence, exactly the target year) and the shift's report.
+
+    Raises
+    ------
+    CarbonDataError
+        The index is irregular, not aligned so that a week is a whole number of steps, or
+        shorter than 52 weeks.
+    """
+    index = pd.DatetimeIndex(series.index)
+    if index.tz is None or str(index.tz) != "UTC":
+        raise CarbonDataError(f"shift_by_weeks: index must be tz-aware UTC, got tz={index.tz}")
+    index = index.as_unit("ns")
+    cadence = _cadence(index)
+    if WEEK % cadence != pd.Timedelta(0) or pd.Timedelta(days=1) % cadence != pd.Timedelta(0):
+        raise CarbonDataError(f"shift_by_weeks: cadence {cadence} does not divide a day")
+    src_start, src_end = index[0], index[-1] + cadence  # coverage [src_start, src_end)
+    if src_end - src_start < WRAP_WEEKS * WEEK:
+        raise CarbonDataError(
+            f"shift_by_weeks: series covers {src_end - src_start}, need at least {WRAP_WEEKS} weeks"
+        )
+    if source_year is None:
+        source_year = (src_start + (src_end - src_start) / 2).year
+    t0, t1 = _year_bounds(target_year)
+    natural = t0 - _year_bounds(source_year)[0]
+
+    def overlap(k: int) -> pd.Timedelta:
+        lo, hi = max(src_start + k * WEEK, t0), min(src_end + k * WEEK, t1)
+        return max(hi - lo, pd.Timedelta(0))
+
+    k_lo = int(np.floor((t0 - src_end) / WEEK))
+    k_hi = int(np.ceil((t1 - src_start) / WEEK))
+    weeks = max(range(k_lo, k_hi + 1), key=lambda k: (overlap(k), -abs(k * WEEK - natural)))
+
+    target = pd.date_range(t0, t1, freq=cadence, inclusive="left", unit="ns", name=index.name)
+    shift_ns = (weeks * WEEK).value
+    wrap_ns = (WRAP_WEEKS * WEEK).value
+    src_ns = target.asi8 - shift_ns
+    before = src_ns < src_start.value
+    after = src_ns >= src_end.value
+    # One wrap always suffices: the source is >= 52 weeks long and the best shift overlaps the
+    # target year by at least the source length minus the part that sticks out.
+    src_ns = src_ns + wrap_ns * before - wrap_ns * after
+    pos = (src_ns - src_start.value) // cadence.value
+    if (pos < 0).any() or (pos >= len(index)).any() or (src_ns % cadence.value
+                                                        != src_start.value % cadence.value).any():
+        raise CarbonDataError("shift_by_weeks: the target year cannot be covered by one wrap")
+    out = pd.Series(series.to_numpy()[pos], index=target, name=series.name)
+    out.attrs = dict(series.attrs)
+    return ShiftedSeries(
+        series=out,
+        weeks=weeks,
+        source_year=int(source_year),
+        target_year=int(target_year),
+        filled_start=int(before.sum()),
+        filled_end=int(after.sum()),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The 5-minute grid
+# --------------------------------------------------------------------------------------------
+
+
+def year_grid(year: int, step: str | pd.Timedelta = "5min") -> pd.DatetimeIndex:
+    """Regular UTC grid ``[Jan 1 00:00, next Jan 1 00:00)`` of ``year`` with spacing ``step``."""
+    t0, t1 = _year_bounds(year)
+    return pd.date_range(t0, t1, freq=pd.Timedelta(step), inclusive="left", unit="ns",
+                         name="time_utc")
+
+
+def hold_on_grid(
+    series: pd.Series, grid: pd.DatetimeIndex, end: pd.Timestamp | None = None
+) -> np.ndarray:
+    """Step-hold ``series`` onto ``grid``: each grid instant takes the latest stamp at or before it.
+
+    A source value describes the interval from its stamp to the next stamp (the last one: one
+    cadence long), so it is held constant over that interval.
+
+    Parameters
+    ----------
+    series
+        gCO2e/kWh on a regular, increasing UTC index.
+    grid
+        Increasing UTC instants.
+    end
+        End (exclusive) of the period the grid stands for; default ``grid[-1]``. The source must
+        cover ``[grid[0], end)``.
+
+    Returns
+    -------
+    np.ndarray
+        float64 values, one per grid instant (gCO2e/kWh).
+
+    Raises
+    ------
+    CarbonDataError
+        The source does not cover the grid's period.
+    """
+    index = pd.DatetimeIndex(series.index).as_unit("ns")
+    cadence = _cadence(index)
+    cover_end = index[-1] + cadence
+    end = grid[-1] if end is None else end
+    if grid[0] < index[0] or grid[-1] >= cover_end or end > cover_end:
+        raise CarbonDataError(
+            f"source {series.attrs.get('source', '')} covers [{index[0]}, {cover_end}), "
+            f"the grid needs [{grid[0]}, {end})"
+        )
+    pos = np.searchsorted(index.asi8, grid.as_unit("ns").asi8, side="right") - 1
+    return series.to_numpy(dtype=float)[pos]
+
+
+@dataclass(frozen=True)
+class CarbonConfig:
+    """Which carbon-intensity signal to build (spec §2, §8a).
+
+    Attributes
+    ----------
+    year
+        Carbon year (UTC calendar year) the signal covers; default 2022, the latest year all
+        mirrored Electricity Maps zones share.
+    regions
+        Region codes, in column order; default the paper's ``REGION_SETS["paper"]``.
+    step
+        Grid spacing (pandas offset string); default ``"5min"``. Must divide one day.
+    entsoe_regions
+        Regions taken from the ENTSO-E-derived files (production-based) instead of Electricity
+        Maps; default ``("AT",)`` since no Electricity Maps series exists here for AT.
+    at_source_year
+        Year of the ENTSO-E-derived file used for every region in ``entsoe_regions`` (named after
+        AT, the only one by default), moved onto ``year`` by :func:`shift_by_weeks`; default 2020.
+    """
+
+    year: int = 2022
+    regions: tuple[str, ...] = REGION_SETS["paper"]
+    step: str = "5min"
+    entsoe_regions: tuple[str, ...] = ("AT",)
+    at_source_year: int = 2020
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "regions", tuple(self.regions))
+        object.__setattr__(self, "entsoe_regions", tuple(self.entsoe_regions))
+        if not self.regions:
+            raise ValueError("CarbonConfig.regions is empty")
+        if len(set(self.regions)) != len(self.regions):
+            raise ValueError(f"CarbonConfig.regions has duplicates: {self.regions}")
+        try:
+            step = pd.Timedelta(self.step)
+        except ValueError as exc:
+            raise ValueError(f"CarbonConfig.step {self.step!r} is not a time step") from exc
+        if step <= pd.Timedelta(0) or pd.Timedelta(days=1) % step != pd.Timedelta(0):
+            raise ValueError(f"CarbonConfig.step {self.step!r} must be positive and divide a day")
+        self.source_names()  # raises if a region has no file for the year
+
+    @classmethod
+    def from_region_set(cls, name: str, **kwargs) -> CarbonConfig:
+        """Config for a named region set of :data:`REGION_SETS` (``"paper"`` or ``"em-only"``)."""
+        if name not in REGION_SETS:
+            raise ValueError(f"unknown region set {name!r}; known: {sorted(REGION_SETS)}")
+        return cls(regions=REGION_SETS[name], **kwargs)
+
+    def source_names(self) -> dict[str, str]:
+        """Registry name of each region's source file, in region order.
+
+        Raises
+        ------
+        ValueError
+            A region has no registered file for the configured year.
+        """
+        from carbonrouter_lib.datasets import REGISTRY
+
+        names = {}
+        for region in self.regions:
+            if region in self.entsoe_regions:
+                try:
+                    names[region] = entsoe_name(region, self.at_source_year)
+                except KeyError as exc:
+                    raise ValueError(f"CarbonConfig: region {region}: {exc.args[0]}") from None
+                continue
+            name = electricitymaps_name(region, self.year)
+            if name not in REGISTRY:
+                prefix = re.compile(rf"^carbon/electricitymaps/{re.escape(region)}_(\d{{4}})_")
+                years = sorted(int(m.group(1)) for n in REGISTRY if (m := prefix.match(n)))
+                raise ValueError(
+                    f"CarbonConfig: no Electricity Maps file for region {region!r} in {self.year} "
+                    f"({name} is not registered); years available for it: {years or 'none'}"
+                )
+            names[region] = name
+        return names
+
+
+#: Bump when the way the frame is built changes, so stale caches are not reused.
+_CACHE_VERSION = 1
+
+
+def _cache_key(cfg: CarbonConfig, names: Mapping[str, str]) -> str:
+    from carbonrouter_lib.datasets import REGISTRY
+
+    # The registry's SHA-256 is the file's: fetch() refuses a file whose hash differs.
+    payload = {
+        "version": _CACHE_VERSION,
+        "config": asdict(cfg),
+        "sources": {region: [name, REGISTRY[name].sha256] for region, name in names.items()},
+    }
+    blob = json.dumps(payload, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _to_query(times) -> tuple[np.ndarray, bool, bool]:
+    """Normalize query times: (values, is_ns_int64, was_scalar).
+
+    Real numbers are seconds since the Unix epoch (float64); datetime-likes become int64 ns UTC
+    (naive ones are read as UTC, tz-aware ones are converted).
+    """
+    scalar = np.ndim(times) == 0
+    ts = None
+    if isinstance(times, pd.Timestamp | datetime):
+        ts = pd.DatetimeIndex([times])
+    elif isinstance(times, pd.DatetimeIndex):
+        ts = times
+    else:
+        arr = np.atleast_1d(np.asarray(times))
+        if arr.dtype.kind in "Mo":
+            ts = pd.DatetimeIndex(arr)
+        elif arr.dtype.kind not in "fiu":
+            raise TypeError(f"cannot read times of dtype {arr.dtype} (want seconds or datetimes)")
+    if ts is not None:
+        if ts.tz is not None:
+            ts = ts.tz_convert("UTC").tz_localize(None)
+        if ts.isna().any():
+            raise ValueError("carbon signal queried at NaT")
+        return ts.as_unit("ns").asi8, True, scalar
+    arr = arr.astype(np.float64, copy=False)
+    if not np.isfinite(arr).all():
+        raise ValueError("carbon signal queried at a non-finite time (seconds since epoch)")
+    return arr, False, scalar
+
+
+class CarbonSignal:
+    """Carbon intensity of several regions on a regular grid, with step-hold lookup.
+
+    The value at time ``t`` is the grid value at the latest grid instant at or before ``t``
+    (the grid itself holds each hourly/15-minute source value until the next source stamp).
+    Coverage is ``[start, end)``; a query outside raises ``ValueError``.
+
+    Parameters
+    ----------
+    frame
+        gCO2e/kWh, one column per region, indexed by increasing, unique UTC instants; no NaN.
+    end
+        End (exclusive) of the last row's interval; default the last stamp plus the last step.
+    provenance
+        Per region, where its values come from (source file, shift); kept for reports.
+    """
+
+    def __init__(
+        self,
+        frame: pd.DataFrame,
+        end: pd.Timestamp | None = None,
+        provenance: Mapping[str, Mapping] | None = None,
+    ) -> None:
+        index = pd.DatetimeIndex(frame.index)
+        if index.tz is None:
+            raise CarbonDataError("CarbonSignal: frame index must be tz-aware UTC")
+        # Rebuilt from the int64 stamps so a cached frame equals a fresh one (no freq attribute).
+        index = pd.to_datetime(index.tz_convert("UTC").as_unit("ns").asi8, unit="ns", utc=True)
+        if len(index) < 1 or (len(index) < 2 and end is None):
+            raise CarbonDataError("CarbonSignal: need at least 2 rows (or 1 row and an end)")
+        if not index.is_unique or not index.is_monotonic_increasing:
+            raise CarbonDataError("CarbonSignal: frame index must be unique and increasing")
+        values = frame.to_numpy(dtype=np.float64)
+        if not np.isfinite(values).all():
+            r, c = np.argwhere(~np.isfinite(values))[0]
+            raise CarbonDataError(
+                f"CarbonSignal: non-finite value at {index[r]}, region {frame.columns[c]}"
+            )
+        if end is None:
+            end = index[-1] + (index[-1] - index[-2])
+        end = pd.Timestamp(end)
+        end = end.tz_localize("UTC") if end.tz is None else end.tz_convert("UTC")
+        if end <= index[-1]:
+            raise CarbonDataError(f"CarbonSignal: end {end} is not after the last row {index[-1]}")
+        self._frame = pd.DataFrame(values, index=index.rename("time_utc"),
+                                   columns=[str(c) for c in frame.columns])
+        self.regions: tuple[str, ...] = tuple(self._frame.columns)
+        self._col = {r: i for i, r in enumerate(self.regions)}
+        self._values = np.ascontiguousarray(values)
+        self._t_ns = index.asi8
+        self._t_s = self._t_ns / 1e9  # float64 seconds: exact for whole-second stamps
+        self.start: pd.Timestamp = index[0]
+        self.end: pd.Timestamp = end
+        self._end_ns = end.as_unit("ns").value
+        self.provenance: dict[str, dict] = {k: dict(v) for k, v in (provenance or {}).items()}
+
+    # ---- construction from the data ---------------------------------------------------------
+
+    @classmethod
+    def from_config(cls, cfg: CarbonConfig | None = None, cache: bool = True) -> CarbonSignal:
+        """Build the signal of ``cfg`` on its grid covering the whole carbon year.
+
+        Electricity Maps regions are read for ``cfg.year``; ENTSO-E-derived regions for
+        ``cfg.at_source_year`` and moved onto ``cfg.year`` by :func:`shift_by_weeks` (steps filled
+        at the year's ends are recorded in :attr:`provenance`). Every source is step-held onto the
+        grid. With ``cache`` the frame is stored as parquet in ``derived_dir()`` under a key that
+        hashes the config and the source files' SHA-256, and reused when the key matches.
+        """
+        from carbonrouter_lib.datasets import derived_dir, fetch
+        from carbonrouter_lib.outputs import atomic_path
+
+        cfg = CarbonConfig() if cfg is None else cfg
+        names = cfg.source_names()
+        t0, t1 = _year_bounds(cfg.year)
+        key = _cache_key(cfg, names)
+        parquet = derived_dir() / f"carbon_signal_{key}.parquet"
+        sidecar = parquet.with_suffix(".json")
+        grid = year_grid(cfg.year, cfg.step)
+        if cache and parquet.is_file() and sidecar.is_file():
+            frame = pd.read_parquet(parquet)
+            if list(frame.columns) == list(cfg.regions) and frame.index.equals(grid):
+                return cls(frame, end=t1, provenance=json.loads(sidecar.read_text()))
+
+        columns, provenance = {}, {}
+        for region, name in names.items():
+            path = fetch(name)
+            info: dict = {"file": name, "sha256": _registry_sha(name)}
+            if region in cfg.entsoe_regions:
+                shifted = shift_by_weeks(load_entsoe_csv(path), cfg.year, cfg.at_source_year)
+                series = shifted.series
+                info.update(kind="entsoe_derived (production-based)",
+                            source_year=cfg.at_source_year, shift_weeks=shifted.weeks,
+                            filled_steps_start=shifted.filled_start,
+                            filled_steps_end=shifted.filled_end,
+                            cadence=str(_cadence(series.index)))
+            else:
+                series = load_electricitymaps_csv(path)
+                info.update(kind="electricitymaps (consumption-based)", source_year=cfg.year,
+                            shift_weeks=0, filled_steps_start=0, filled_steps_end=0,
+                            cadence=str(_cadence(series.index)))
+            columns[region] = hold_on_grid(series, grid, end=t1)
+            provenance[region] = info
+        frame = pd.DataFrame(columns, index=grid)
+        if cache:
+            with atomic_path(parquet) as tmp:
+                frame.to_parquet(tmp)
+            with atomic_path(sidecar) as tmp:
+                tmp.write_text(json.dumps(provenance, indent=1, sort_keys=True))
+        return cls(frame, end=t1, provenance=provenance)
+
+    # ---- lookups -------------------------------------------------------------------------------
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """The grid (gCO2e/kWh), one column per region (a copy)."""
+        return self._frame.copy()
+
+    def _row_of_seconds(self, t: float) -> int:
+        """Fast path for one float time (seconds since epoch): the per-query simulator loop."""
+        if not (self._t_s[0] <= t < self._end_ns / 1e9):  # also rejects NaN
+            self._rows(np.array([t]))  # raises the full error
+        return int(np.searchsorted(self._t_s, t, side="right")) - 1
+
+    def _rows(self, times) -> tuple[np.ndarray, bool]:
+        q, is_ns, scalar = _to_query(times)
+        grid = self._t_ns if is_ns else self._t_s
+        end = self._end_ns if is_ns else self._end_ns / 1e9
+        lo = q < grid[0]
+        hi = q >= end
+        if lo.any() or hi.any():
+            bad = q[np.flatnonzero(lo | hi)[0]]
+            when = pd.Timestamp(int(bad), tz="UTC") if is_ns else pd.Timestamp(bad, unit="s",
+                                                                                tz="UTC")
+            raise ValueError(
+                f"carbon signal queried at {when} ({'' if is_ns else f'{bad} s, '}"
+                f"{int(lo.sum())} time(s) before, {int(hi.sum())} at/after the coverage); it "
+                f"covers [{self.start}, {self.end})"
+            )
+        return np.searchsorted(grid, q, side="right") - 1, scalar
+
+    def at(self, times) -> np.ndarray:
+        """Intensity of every region at ``times`` (latest grid value at or before each time).
+
+        Parameters
+        ----------
+        times
+            Primary form: float64 seconds since the Unix epoch (scalar or array). Also
+            ``numpy.datetime64`` (read as UTC), ``pd.Timestamp``/``DatetimeIndex`` (tz-aware ones
+            are converted to UTC, naive ones read as UTC).
+
+        Returns
+        -------
+        np.ndarray
+            gCO2e/kWh, shape ``(len(times), n_regions)`` in :attr:`regions` order; shape
+            ``(n_regions,)`` for a scalar time.
+
+        Raises
+        ------
+        ValueError
+            A time is before :attr:`start`, at/after :attr:`end`, or not finite.
+        """
+        if isinstance(times, float | int) and not isinstance(times, bool):
+            return self._values[self._row_of_seconds(float(times))]
+        rows, scalar = self._rows(times)
+        out = self._values[rows]
+        return out[0] if scalar else out
+
+    def region_index(self, region: str) -> int:
+        """Column of ``region``; ``KeyError`` naming the known regions otherwise."""
+        try:
+            return self._col[region]
+        except KeyError:
+            raise KeyError(f"unknown region {region!r}; this signal has {self.regions}") from None
+
+    def at_region(self, region: str, times) -> np.ndarray | float:
+        """Intensity of one region at ``times`` (gCO2e/kWh): shape ``(len(times),)``, or a float."""
+        col = self.region_index(region)
+        if isinstance(times, float | int) and not isinstance(times, bool):
+            return float(self._values[self._row_of_seconds(float(times)), col])
+        rows, scalar = self._rows(times)
+        out = self._values[rows, col]
+        return float(out[0]) if scalar else out
+
+    def cleanest_index(self, times) -> np.ndarray | int:
+        """Column of the cleanest region at ``times``; ties go to the first region in order."""
+        rows, scalar = self._rows(times)
+        idx = np.argmin(self._values[rows], axis=1)
+        return int(idx[0]) if scalar else idx
+
+    def cleanest_region(self, times) -> np.ndarray | str:
+        """Name of the cleanest region at ``times`` (ties: first region in :attr:`regions`)."""
+        idx = self.cleanest_index(times)
+        names = np.asarray(self.regions, dtype=object)
+        return names[idx] if isinstance(idx, np.ndarray) else self.regions[idx]
+
+    def __repr__(self) -> str:
+        return (f"CarbonSignal(regions={self.regions}, start={self.start}, end={self.end}, "
+                f"rows={len(self._t_ns)})")
+
+
+def _registry_sha(name: str) -> str:
+    from carbonrouter_lib.datasets import REGISTRY
+
+    return REGISTRY[name].sha256
+
+
+# --------------------------------------------------------------------------------------------
+# Section-2 statistics
+# --------------------------------------------------------------------------------------------
+# All take a frame of gCO2e/kWh with one column per region and one row per instant of a regular
+# grid, so every row weighs the same span of time and "share of rows" is "share of time".
+
+
+def _values(frame: pd.DataFrame) -> np.ndarray:
+    v = frame.to_numpy(dtype=np.float64)
+    if v.size == 0:
+        raise ValueError("empty carbon frame")
+    if not np.isfinite(v).all():
+        raise ValueError("carbon frame has non-finite values")
+    if (v <= 0).any():
+        r, c = np.argwhere(v <= 0)[0]
+        raise ValueError(f"ratio undefined: intensity {v[r, c]} <= 0 at row {r}, "
+                         f"column {frame.columns[c]}")
+    return v
+
+
+def range_ratio(frame: pd.DataFrame, q: float = 0.0) -> pd.Series:
+    """Per region, max / min intensity over the frame (dimensionless; paper: 2.7–5.9× over 2025).
+
+    Parameters
+    ----------
+    q
+        Tail share to ignore: with ``q > 0`` the ratio is the ``1 - q`` quantile over the ``q``
+        quantile (linear interpolation), e.g. ``q=0.01`` gives P99 / P1, which a single extreme
+        hour cannot move. ``q = 0`` (default) is max / min.
+    """
+    if not 0.0 <= q < 0.5:
+        raise ValueError(f"q must be in [0, 0.5), got {q}")
+    v = _values(frame)
+    hi, lo = (v.max(axis=0), v.min(axis=0)) if q == 0 else (
+        np.quantile(v, 1 - q, axis=0), np.quantile(v, q, axis=0))
+    name = "max_over_min" if q == 0 else f"p{100 * (1 - q):g}_over_p{100 * q:g}"
+    return pd.Series(hi / lo, index=frame.columns, name=name)
+
+
+def cross_region_ratio(frame: pd.DataFrame) -> pd.Series:
+    """Per instant, dirtiest region / cleanest region at that instant (dimensionless)."""
+    v = _values(frame)
+    return pd.Series(v.max(axis=1) / v.min(axis=1), index=frame.index, name="cross_region_ratio")
+
+
+def median_cross_region_ratio(frame: pd.DataFrame) -> float:
+    """Median over time of :func:`cross_region_ratio` (paper: 2.25×)."""
+    return float(np.median(cross_region_ratio(frame).to_numpy()))
+
+
+def cleanest_shares(frame: pd.DataFrame, ties: str = "split") -> pd.Series:
+    """Share of time each region is the cleanest (fractions summing to 1; paper: 13–32% each).
+
+    Parameters
+    ----------
+    ties
+        ``"split"`` (default): an instant where k regions share the minimum counts 1/k for each;
+        ``"first"``: it counts for the first of them in column order (as
+        :meth:`CarbonSignal.cleanest_region` decides). The number of tied instants is in
+        ``result.attrs["tied_instants"]``.
+    """
+    v = _values(frame)
+    is_min = v == v.min(axis=1, keepdims=True)
+    n_min = is_min.sum(axis=1)
+    if ties == "split":
+        credit = is_min / n_min[:, None]
+    elif ties == "first":
+        credit = np.zeros_like(v)
+        credit[np.arange(len(v)), np.argmin(v, axis=1)] = 1.0
+    else:
+        raise ValueError(f"ties must be 'split' or 'first', got {ties!r}")
+    out = pd.Series(credit.mean(axis=0), index=frame.columns, name="cleanest_share")
+    out.attrs["tied_instants"] = int((n_min > 1).sum())
+    return out
+
+
+def cleanest_intervals(frame: pd.DataFrame, end: pd.Timestamp | None = None) -> pd.DataFrame:
+    """Runs of constant cleanest region (ties: first in column order), for shading plots.
+
+    Returns
+    -------
+    pd.DataFrame
+        Columns ``start``, ``end`` (UTC; a run's end is the next run's start, the last ends at
+        ``end``, default the last row plus one step) and ``region``.
+    """
+    v = _values(frame)
+    idx = np.argmin(v, axis=1)
+    change = np.flatnonzero(np.diff(idx)) + 1
+    starts = np.concatenate([[0], change])
+    index = pd.DatetimeIndex(frame.index)
+    if end is None:
+        end = index[-1] + (index[-1] - index[-2]) if len(index) > 1 else index[-1]
+    stops = list(index[change]) + [pd.Timestamp(end)]
+    return pd.DataFrame({
+        "start": index[starts],
+        "end": pd.DatetimeIndex(stops),
+        "region": np.asarray(frame.columns, dtype=object)[idx[starts]],
+    })
+
+
+@dataclass(frozen=True)
+class AnnualSpan:
+    """Dirtiest and cleanest country among a set, and their ratio (paper: 705/35 = 20.4×)."""
+
+    n_countries: int
+    max_iso3: str
+    max_country: str
+    max_gco2_per_kwh: float
+    min_iso3: str
+    min_country: str
+    min_gco2_per_kwh: float
+    ratio: float
+    years: dict[int, int] = field(default_factory=dict)
+
+
+def annual_means_span(annual: pd.DataFrame, countries: Sequence[str] | None = None) -> AnnualSpan:
+    """Span of annual means over ``countries`` (ISO3; default all rows of ``annual``).
+
+    Parameters
+    ----------
+    annual
+        As returned by :func:`load_annual_means`.
+    countries
+        ISO3 codes to keep, e.g. :data:`PAPER_COUNTRIES_21`; an unknown code is an error.
+
+    Returns
+    -------
+    AnnualSpan
+        ``ratio`` = max / min gCO2e/kWh; ``years`` counts the Ember years of the values used.
+    """
+    df = annual
+    if countries is not None:
+        missing = sorted(set(countries) - set(annual["iso3"]))
+        if missing:
+            raise KeyError(f"countries not in the annual means: {missing}")
+        df = annual[annual["iso3"].isin(countries)]
+    if len(df) < 2:
+        raise ValueError("need at least 2 countries for a span")
+    hi = df.loc[df["gco2_per_kwh"].idxmax()]
+    lo = df.loc[df["gco2_per_kwh"].idxmin()]
+    if lo["gco2_per_kwh"] <= 0:
+        raise ValueError(f"{lo['country']} has intensity {lo['gco2_per_kwh']}: ratio undefined")
+    return AnnualSpan(
+        n_countries=len(df),
+        max_iso3=str(hi["iso3"]),
+        max_country=str(hi["country"]),
+        max_gco2_per_kwh=float(hi["gco2_per_kwh"]),
+        min_iso3=str(lo["iso3"]),
+        min_country=str(lo["country"]),
+        min_gco2_per_kwh=float(lo["gco2_per_kwh"]),
+        ratio=float(hi["gco2_per_kwh"] / lo["gco2_per_kwh"]),
+        years={int(y): int(n) for y, n in df["year"].value_counts().sort_index().items()},
+    )
+
+
+def section2_stats(frame: pd.DataFrame) -> pd.DataFrame:
+    """The paper's Section-2 statistics of one signal as a tidy table.
+
+    Returns
+    -------
+    pd.DataFrame
+        Columns ``quantity``, ``region`` (a region, or ``"all"``), ``value``. Quantities:
+        ``max_over_min`` and ``p99_over_p1`` (per region, see :func:`range_ratio`),
+        ``median_cross_region_ratio`` (all),
+        ``cleanest_share`` (per region; ties split, see :func:`cleanest_shares`),
+        ``tied_instants`` (all).
+    """
+    rr = range_ratio(frame)
+    shares = cleanest_shares(frame)
+    rows = [("max_over_min", r, float(x)) for r, x in rr.items()]
+    rows += [("p99_over_p1", r, float(x)) for r, x in range_ratio(frame, q=0.01).items()]
+    rows.append(("median_cross_region_ratio", "all", median_cross_region_ratio(frame)))
+    rows += [("cleanest_share", r, float(x)) for r, x in shares.items()]
+    rows.append(("tied_instants", "all", float(shares.attrs["tied_instants"])))
+    return pd.DataFrame(rows, columns=["quantity", "region", "value"])
+
+
+def section2_comparison(stats: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """Put :func:`section2_stats` of several region sets side by side with the paper's numbers.
+
+    Parameters
+    ----------
+    stats
+        ``{region set name: section2_stats(frame)}``.
+
+    Returns
+    -------
+    pd.DataFrame
+        One row per (quantity, region) plus summary rows (``"lowest/highest over regions"``),
+        columns ``quantity``, ``region``, ``paper`` (text), one float column ``ours (<set>)`` per
+        set (NaN where the set lacks the region) and ``note``.
+    """
+    p = PAPER_SECTION2
+    paper_text = {
+        "max_over_min": f"{p['range_ratio_low']}–{p['range_ratio_high']}× (over 2025)",
+        "p99_over_p1": "",
+        "median_cross_region_ratio": f"{p['median_cross_region_ratio']}×",
+        "cleanest_share": f"{p['cleanest_share_low']:.0%}–{p['cleanest_share_high']:.0%} each",
+        "tied_instants": "",
+    }
+    notes = {
+        "max_over_min": "max / min over the year, per region",
+        "p99_over_p1": "99th / 1st percentile over the year (robust to single extreme hours)",
+        "median_cross_region_ratio": "median over time of (max region / min region) per instant",
+        "cleanest_share": "share of grid instants a region is the cleanest (ties split)",
+        "tied_instants": "instants where >1 region is cleanest",
+    }
+    keys: list[tuple[str, str]] = []
+    for df in stats.values():
+        for q, r in zip(df["quantity"], df["region"], strict=True):
+            if (q, r) not in keys:
+                keys.append((q, r))
+    order = {q: i for i, q in enumerate(paper_text)}
+    keys.sort(key=lambda k: order.get(k[0], len(order)))
+    rows = []
+    for q, r in keys:
+        row = {"quantity": q, "region": r, "paper": paper_text.get(q, "")}
+        for name, df in stats.items():
+            hit = df[(df["quantity"] == q) & (df["region"] == r)]["value"]
+            row[f"ours ({name})"] = float(hit.iloc[0]) if len(hit) else np.nan
+        row["note"] = notes.get(q, "")
+        rows.append(row)
+    for q in ("max_over_min", "p99_over_p1", "cleanest_share"):
+        for which, fn in (("lowest", np.min), ("highest", np.max)):
+            row = {"quantity": q, "region": f"{which} over regions", "paper": paper_text[q]}
+            for name, df in stats.items():
+                vals = df[df["quantity"] == q]["value"]
+                row[f"ours ({name})"] = float(fn(vals)) if len(vals) else np.nan
+            row["note"] = f"{which} value over the set's regions"
+            rows.append(row)
+    return pd.DataFrame(rows)
