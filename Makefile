@@ -39,7 +39,7 @@ unit: env
 
 nbval: env
 	$(BIN)/python -m carbonrouter_lib.notebooks prepare-tests $(NBVAL_DIR)
-	$(BIN)/python -m pytest --nbval-lax $(NBVAL_DIR) -n $(PYTEST_WORKERS) -q -p no:cacheprovider
+	$(BIN)/python -m pytest --nbval-lax $(NBVAL_DIR) -n $(PYTEST_WORKERS) --dist loadfile -q -p no:cacheprovider
 
 benchmarks: env
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b; done

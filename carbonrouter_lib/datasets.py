@@ -307,7 +307,7 @@ def _main(argv: list[str] | None = None) -> int:
                   f"    licence {entry.licence}")
         return 0
 
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     names = [n for n in REGISTRY if not args.names or any(n.startswith(p) for p in args.names)]
     if not names:

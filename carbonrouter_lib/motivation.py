@@ -1,7 +1,8 @@
 """Section 2 of the paper: how long conversation histories are, and what a KV-cache miss costs.
 
-Figure 2(a) is the distribution of history length per query; Figure 2(b) the extra carbon and the
-extra prefill latency of serving a query *without* its cached history on the same deployment.
+Figure 2(a) is the distribution of history length per query (its shares come from
+:func:`carbonrouter_lib.sharegpt.history_shares`); Figure 2(b) the extra carbon and the extra
+prefill latency of serving a query *without* its cached history on the same deployment.
 Both work on the turns table of :func:`carbonrouter_lib.sharegpt.load_sharegpt_turns`
 (columns ``history_tokens_<family>``, ``new_tokens_<family>``, ``output_tokens_<family>``).
 
@@ -19,7 +20,6 @@ from carbonrouter_lib import cost
 
 __all__ = [
     "DEFAULT_BUCKETS",
-    "history_shares",
     "sample_sessions",
     "miss_penalty",
     "bucket_summary",
@@ -33,21 +33,6 @@ DEFAULT_BUCKETS: tuple[tuple[str, int, float], ...] = (
     ("4K–8K", 4096, 8192),
     ("> 8K", 8192, np.inf),
 )
-
-
-def history_shares(
-    turns: pd.DataFrame, family: str, thresholds: Sequence[int] = (4096, 8192)
-) -> pd.Series:
-    """Share of queries (turns) whose history has at least each threshold of tokens (fraction 0–1).
-
-    Every turn counts, first turns (history 0) included, as in the paper's "share of queries".
-    """
-    history = turns[f"history_tokens_{family}"].to_numpy()
-    if history.size == 0:
-        raise ValueError("history_shares: the turns table is empty")
-    return pd.Series(
-        {int(t): float(np.mean(history >= t)) for t in thresholds}, name=f"share_{family}"
-    )
 
 
 def sample_sessions(turns: pd.DataFrame, n_sessions: int, seed: int) -> pd.DataFrame:

@@ -33,12 +33,6 @@ def _mistral_a100() -> pd.Series:
     return table.loc[("Mistral-7B-v0.2", "A100")]
 
 
-def test_history_shares_counts_every_query():
-    shares = motivation.history_shares(_turns(), "mistral", thresholds=(4096, 8192))
-    assert shares[4096] == pytest.approx(2 / 5)  # 4300 and 8050
-    assert shares[8192] == 0.0
-
-
 def test_miss_penalty_matches_eq4_by_hand():
     prof = _mistral_a100()
     pen = motivation.miss_penalty(_turns(), prof, "mistral")
