@@ -33,7 +33,11 @@ import pandas as pd
 
 from carbonrouter_lib.profiles import validate_profiles
 
+#: A scalar or an array over candidates (the unchecked functions broadcast).
+Num = float | np.ndarray
+
 __all__ = [
+    "Num",
     "uncached_tokens",
     "energy_kwh",
     "energy_base_kwh",
@@ -55,12 +59,14 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------
 
 
-def uncached_tokens(n_new, n_hist, cached):
+def uncached_tokens(n_new: Num, n_hist: Num, cached: Num) -> Num:
     """Input tokens to prefill, N_new + N_hist − L (tokens). Unchecked."""
     return n_new + n_hist - cached
 
 
-def energy_kwh(e_in, e_cache, e_out, n_new, n_hist, cached, n_out):
+def energy_kwh(
+    e_in: Num, e_cache: Num, e_out: Num, n_new: Num, n_hist: Num, cached: Num, n_out: Num
+) -> Num:
     """Eq. 4: energy of a query, kWh. Unchecked.
 
     Parameters
@@ -76,7 +82,9 @@ def energy_kwh(e_in, e_cache, e_out, n_new, n_hist, cached, n_out):
     return e_in * (n_new + n_hist - cached) + e_cache * cached + e_out * n_out
 
 
-def energy_base_kwh(e_in, e_cache, e_out, n_new, n_hist, n_out):
+def energy_base_kwh(
+    e_in: Num, e_cache: Num, e_out: Num, n_new: Num, n_hist: Num, n_out: Num
+) -> Num:
     """E_base: Eq. 4 with the history fully cached (L = N_hist), kWh. Unchecked.
 
     This is what cache-oblivious policies (GAR†, FairCarbon) believe every candidate costs.
@@ -84,23 +92,25 @@ def energy_base_kwh(e_in, e_cache, e_out, n_new, n_hist, n_out):
     return e_in * n_new + e_cache * n_hist + e_out * n_out
 
 
-def recomputation_energy_kwh(e_in, e_cache, n_hist, cached):
+def recomputation_energy_kwh(e_in: Num, e_cache: Num, n_hist: Num, cached: Num) -> Num:
     """E − E_base = (e_in − e_cache)·(N_hist − L): the extra energy of a (partial) miss, kWh."""
     return (e_in - e_cache) * (n_hist - cached)
 
 
-def carbon_g(ci, energy):
+def carbon_g(ci: Num, energy: Num) -> Num:
     """Eq. 5: carbon, gCO2e, from intensity ``ci`` (gCO2e/kWh) and ``energy`` (kWh). Unchecked."""
     return ci * energy
 
 
-def ttft_s(n_new, n_hist, cached, v_pre):
+def ttft_s(n_new: Num, n_hist: Num, cached: Num, v_pre: Num) -> Num:
     """Eq. 6: estimated time to first token, s — prefill of the uncached tokens at ``v_pre``
     tokens/s (no network, queueing or first-token decode). Unchecked."""
     return (n_new + n_hist - cached) / v_pre
 
 
-def service_time_s(n_new, n_hist, cached, n_out, v_pre, v_dec):
+def service_time_s(
+    n_new: Num, n_hist: Num, cached: Num, n_out: Num, v_pre: Num, v_dec: Num
+) -> Num:
     """TTFT + N_out / v_dec, s: a turn dispatched at time d completes at d + this. Unchecked."""
     return (n_new + n_hist - cached) / v_pre + n_out / v_dec
 
