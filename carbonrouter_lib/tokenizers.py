@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from carbonrouter_lib.datasets import fetch
+from carbonrouter_lib.profiles import MODELS  # the model catalog lives in profiles
 
 __all__ = [
     "MODELS",
@@ -35,14 +36,6 @@ __all__ = [
     "count_tokens",
 ]
 
-#: The paper's models, in the paper's order (nominal size 1, 3, 4, 7, 70 B parameters).
-MODELS: tuple[str, ...] = (
-    "Gemma-3-1B",
-    "Llama-3.2-3B",
-    "Gemma-3-4B",
-    "Mistral-7B-v0.2",
-    "Llama-3.1-70B",
-)
 
 #: Tokenizer families; one table column per family (``new_tokens_<family>`` etc.).
 TOKENIZER_FAMILIES: tuple[str, ...] = ("gemma3", "llama3", "mistral")
