@@ -1,0 +1,132 @@
+"""The prepared workload table: schema, arrivals, sampling, quality borrowing, caching, errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from carbonrouter_lib import datasets, prepared, sharegpt
+from carbonrouter_lib.profiles import MODELS
+from carbonrouter_lib.workload import ArrivalConfig
+
+SMALL = prepared.WorkloadConfig(dataset="sharegpt", max_conversations=60, seed=1)
+
+
+@pytest.fixture(scope="module")
+def small_table() -> pd.DataFrame:
+    return prepared.prepare_workload(SMALL, use_cache=False)
+
+
+def test_config_rejects_bad_parameters():
+    with pytest.raises(ValueError, match="unknown dataset 'sharechat'"):
+        prepared.WorkloadConfig(dataset="sharechat")
+    with pytest.raises(ValueError, match="n_sessions"):
+        prepared.WorkloadConfig(n_sessions=0)
+    with pytest.raises(ValueError, match="think_source"):
+        prepared.WorkloadConfig(dataset="sharegpt", think_source="trace")
+    with pytest.raises(KeyError, match="unknown model"):
+        prepared.column("quality", "GPT-4")
+
+
+def test_schema_has_every_per_model_column(small_table):
+    for q in prepared.QUANTITIES:
+        for m in MODELS:
+            assert prepared.column(q, m) in small_table.columns
+    assert prepared.model_matrix(small_table, "quality").shape == (len(small_table), 5)
+    q = prepared.model_matrix(small_table, "quality")
+    assert np.all((q >= 0) & (q <= 1))
+    assert (prepared.model_matrix(small_table, "est_output_tokens") >= 1).all()
+
+
+def test_tokens_follow_each_models_tokenizer(small_table):
+    turns, _ = sharegpt.load_sharegpt_turns(max_conversations=60, progress=False)
+    merged = small_table.merge(turns, on=["conversation_id", "turn"], validate="one_to_one")
+    assert len(merged) == len(turns) == len(small_table)
+    for m, f in [("Gemma-3-1B", "gemma3"), ("Gemma-3-4B", "gemma3"), ("Llama-3.2-3B", "llama3"),
+                 ("Llama-3.1-70B", "llama3"), ("Mistral-7B-v0.2", "mistral")]:
+        for q in ("new_tokens", "history_tokens", "output_tokens"):
+            assert (merged[prepared.column(q, m)] == merged[f"{q}_{f}"]).all()
+
+
+def test_history_is_the_sum_of_earlier_turns(small_table):
+    col = lambda q: small_table[prepared.column(q, "Mistral-7B-v0.2")]  # noqa: E731
+    per_turn = col("new_tokens") + col("output_tokens")
+    earlier = per_turn.groupby(small_table["session"]).cumsum() - per_turn
+    assert (col("history_tokens") == earlier).all()
+
+
+def test_arrivals_and_think_times(small_table):
+    t = small_table
+    first = t["turn"] == 0
+    cfg = ArrivalConfig()
+    assert t.loc[first, "arrival_s"].between(cfg.start_epoch_s, cfg.end_epoch_s).all()
+    assert t.loc[~first, "arrival_s"].isna().all()
+    assert (t.loc[first, "think_s"] == 0).all() and (t.loc[~first, "think_s"] > 0).all()
+    # Sessions are numbered in start order and every session's turns are contiguous and ordered.
+    starts = t.loc[first, "arrival_s"].to_numpy()
+    assert np.all(np.diff(starts) >= 0)
+    assert list(t.loc[first, "session"]) == list(range(first.sum()))
+    for _, g in t.groupby("session"):
+        assert list(g["turn"]) == list(range(len(g))) and g["conversation_id"].nunique() == 1
+
+
+def test_deterministic_and_cached(small_table):
+    again = prepared.prepare_workload(SMALL, use_cache=False)
+    pd.testing.assert_frame_equal(small_table, again)
+    prepared.prepare_workload(SMALL)  # writes the cache
+    cached = prepared.prepare_workload(SMALL)
+    pd.testing.assert_frame_equal(small_table, cached, check_dtype=False)
+    assert cached.attrs["config"]["max_conversations"] == 60
+    other = prepared.prepare_workload(dataclasses.replace(SMALL, seed=2), use_cache=False)
+    assert not np.allclose(other["think_s"].sum(), small_table["think_s"].sum())
+
+
+def test_session_sampling():
+    cfg = dataclasses.replace(SMALL, n_sessions=10)
+    t = prepared.prepare_workload(cfg, use_cache=False)
+    assert t["session"].nunique() == t["conversation_id"].nunique() == 10
+    with pytest.raises(ValueError, match="n_sessions=61 exceeds the 60 sessions"):
+        prepared.prepare_workload(dataclasses.replace(SMALL, n_sessions=61), use_cache=False)
+
+
+def test_borrow_quality_draws_donors_of_similar_length():
+    donor_len = np.arange(1000, dtype=float)
+    donor_q = np.column_stack([donor_len / 1000] * 5)
+    q, donors = prepared.borrow_quality(np.array([0.0, 500.0, 5000.0]), donor_len, donor_q,
+                                        seed=3, neighbours=10)
+    assert donors[0] < 10 and 495 <= donors[1] < 505 and donors[2] >= 990
+    np.testing.assert_array_equal(q, donor_q[donors])
+    q2, donors2 = prepared.borrow_quality(np.array([0.0, 500.0, 5000.0]), donor_len, donor_q,
+                                          seed=3, neighbours=10)
+    np.testing.assert_array_equal(donors, donors2)
+    with pytest.raises(ValueError, match="no donor"):
+        prepared.borrow_quality(np.array([1.0]), np.array([]), np.zeros((0, 5)), seed=0)
+
+
+def test_mooncake_table_borrows_quality_and_can_replay_trace_think_times():
+    cfg = prepared.WorkloadConfig(dataset="mooncake", max_conversations=300, seed=0,
+                                  think_source="trace")
+    t = prepared.prepare_workload(cfg, use_cache=False)
+    assert (t["dataset"] == "mooncake").all()
+    assert t["quality_donor"].notna().all()
+    q = prepared.model_matrix(t, "quality")
+    assert np.all((q >= 0) & (q <= 1))
+    later = t["turn"] > 0
+    expected = np.maximum(t.loc[later, "think_time_trace_s"].fillna(0), 0)
+    np.testing.assert_allclose(t.loc[later, "think_s"], expected)
+    # Without text every model sees the trace's one token count.
+    tok = prepared.model_matrix(t, "new_tokens")
+    assert (tok == tok[:, :1]).all()
+
+
+def test_missing_mirror_file_is_a_clear_error(tmp_path, monkeypatch):
+    name = "conversations/mooncake/conversation_trace.jsonl"
+    entry = datasets.REGISTRY[name]
+    monkeypatch.setitem(datasets.REGISTRY, name, dataclasses.replace(entry, origin="local:test"))
+    monkeypatch.setenv(datasets.MIRROR_ENV, str(tmp_path / "no-mirror"))
+    monkeypatch.setenv(datasets.CACHE_ENV, str(tmp_path / "cache"))
+    with pytest.raises(datasets.DataUnavailableError, match="conversation_trace.jsonl"):
+        prepared.base_turns("mooncake")
