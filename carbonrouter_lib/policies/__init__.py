@@ -1,0 +1,70 @@
+"""Routing policies (spec §7) over a shared feasibility step (spec §5, §6a.1–2).
+
+The simulator fills one :class:`QueryContext` per query, calls :func:`feasibility` (costs of
+Eq. 4–6 and the candidate set of Eq. 7 for all deployments), and, unless the query is rejected,
+asks the policy for a deployment::
+
+    policy = make_policy("carbonrouter", delta=0.5, gate=my_gate)
+    ctx, cand = QueryContext(deployments), Candidates(deployments.n)   # once per run
+    ...                                                                # per query:
+    ctx.fill(session=s, turn=k, prev=..., cached=L, ...)
+    if k == 0:
+        policy.on_session_start(ctx)
+    feasibility(ctx, constraints, out=cand)
+    if not cand.rejected:
+        a = policy.choose(ctx, cand); ...; policy.on_served(ctx, a)
+    ...
+    policy.on_session_end(s)
+
+Adding a policy: one :class:`Policy` subclass and one line in :data:`POLICIES`.
+"""
+
+from __future__ import annotations
+
+from carbonrouter_lib.policies.affinity import CarbonAffinity, SessionAffinity
+from carbonrouter_lib.policies.base import (
+    Candidates,
+    ConstraintConfig,
+    Policy,
+    QueryContext,
+    feasibility,
+)
+from carbonrouter_lib.policies.carbonrouter import CarbonRouter, Gate
+from carbonrouter_lib.policies.oblivious import FairCarbon, GARDagger
+
+__all__ = [
+    "POLICIES",
+    "make_policy",
+    "Candidates",
+    "ConstraintConfig",
+    "Policy",
+    "QueryContext",
+    "feasibility",
+    "SessionAffinity",
+    "CarbonAffinity",
+    "GARDagger",
+    "FairCarbon",
+    "CarbonRouter",
+    "Gate",
+]
+
+#: Registry name → policy class (the names used in results and notebooks).
+POLICIES: dict[str, type[Policy]] = {
+    "session-affinity": SessionAffinity,
+    "carbon-affinity": CarbonAffinity,
+    "gar": GARDagger,
+    "faircarbon": FairCarbon,
+    "carbonrouter": CarbonRouter,
+}
+
+
+def make_policy(name: str, **params) -> Policy:
+    """A new policy instance (fresh per-session state) from its registry name and parameters."""
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        raise KeyError(f"unknown policy {name!r}; one of {sorted(POLICIES)}") from None
+    try:
+        return cls(**params)
+    except TypeError as exc:
+        raise TypeError(f"bad parameters {params} for policy {name!r}: {exc}") from None

@@ -1,0 +1,88 @@
+"""Cache-oblivious carbon-aware baselines (spec §7.3–4, §6a.7).
+
+They rank candidates by the carbon of E_base (as if every deployment held the whole history), so
+they move freely and pay the recomputation they do not see. Feasibility (including the TTFT bound)
+still uses the real L(a) (§6a.1).
+
+- :class:`FairCarbon`: per query, the lowest E_base carbon over all candidates (the fairness term
+  of the original is omitted: the traces have no user groups).
+- :class:`GARDagger` (GAR†): per query, the lowest E_base carbon among the candidates in the
+  session's home region; if it has none, the FairCarbon rule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from carbonrouter_lib.policies.base import Candidates, Policy, QueryContext
+
+__all__ = ["FairCarbon", "GARDagger"]
+
+
+class FairCarbon(Policy):
+    """FairCarbon (§7.4): argmin over candidates of CI·E_base (first index on ties)."""
+
+    name = "faircarbon"
+
+    def choose(self, ctx: QueryContext, cand: Candidates) -> int:
+        return cand.argmin(cand.carbon_base)
+
+
+class GARDagger(Policy):
+    """GAR† (§7.3, §6a.7): the greenest model and GPU within one home region per session.
+
+    Parameters
+    ----------
+    seed : int
+        Seed of the home-region draw, ≥ 0. Session s draws its region uniformly from
+        ``numpy.random.default_rng((seed, s))``, so the draw does not depend on the order in which
+        sessions arrive or on other policies' runs.
+
+    Notes
+    -----
+    The home region is fixed at the session's first turn (:meth:`on_session_start`, which the
+    simulator calls at k = 0 whether or not the turn is then served): the drawn region if any of
+    its pools has a free slot, else the region with the most free slots in total (first in region
+    order on ties). If the hook was not called, the region is fixed at the session's first
+    decision instead, with the free slots seen then.
+    """
+
+    name = "gar"
+
+    def __init__(self, seed: int = 0) -> None:
+        if not (isinstance(seed, int | np.integer) and seed >= 0):
+            raise ValueError(f"GARDagger.seed must be an integer >= 0, got {seed!r}")
+        self.seed = int(seed)
+        self.home: dict[int, int] = {}
+
+    def params(self) -> dict:
+        return {"seed": self.seed}
+
+    def draw_region(self, session: int, n_regions: int) -> int:
+        """The uniformly drawn (not yet capacity-checked) region of ``session``."""
+        if session < 0:
+            raise ValueError(f"GARDagger needs session ids >= 0 to seed its draw, got {session}")
+        return int(np.random.default_rng((self.seed, session)).integers(n_regions))
+
+    def on_session_start(self, ctx: QueryContext) -> None:
+        n_r = len(ctx.deployments.regions)
+        r = self.draw_region(ctx.session, n_r)
+        free = ctx.free_slots.reshape(n_r, -1).sum(axis=1)  # pool = region·n_gpus + gpu
+        self.home[ctx.session] = r if free[r] > 0 else int(free.argmax())
+
+    def home_region(self, ctx: QueryContext) -> int:
+        """The session's home region (fixed now if it was not yet)."""
+        r = self.home.get(ctx.session)
+        if r is None:
+            self.on_session_start(ctx)
+            r = self.home[ctx.session]
+        return r
+
+    def choose(self, ctx: QueryContext, cand: Candidates) -> int:
+        r = self.home_region(ctx)
+        block = ctx.n // len(ctx.deployments.regions)  # a region's deployments are contiguous
+        a = cand.argmin_in(cand.carbon_base, r * block, (r + 1) * block)
+        return a if a >= 0 else cand.argmin(cand.carbon_base)
+
+    def on_session_end(self, session: int) -> None:
+        self.home.pop(session, None)
