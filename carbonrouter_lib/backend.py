@@ -165,6 +165,13 @@ def capacity_from_trace(
     )
 
 
+def _index_of(members: np.ndarray) -> slice | np.ndarray:
+    """A slice for a contiguous run of indices (cheaper to assign through), else the indices."""
+    if members.size and np.array_equal(members, np.arange(members[0], members[-1] + 1)):
+        return slice(int(members[0]), int(members[-1]) + 1)
+    return members
+
+
 class CacheView(NamedTuple):
     """Read-only snapshot of one cache: its length (tokens), last use (s) and pin state."""
 
@@ -220,7 +227,12 @@ class Backend:
         self._running: dict[int, int] = {}  # session → deployment of its running turn
         self._holder: dict[int, int] = {}  # session → pool whose slot it holds
         self._departed: set[int] = set()
-        self._slots_used = np.zeros(self._n_pools, dtype=np.int64)
+        # Free slots per pool and, per deployment, whether its pool has one: kept up to date on
+        # every slot change so that the per-query reads are one copy each.
+        self._free = np.full(self._n_pools, self._slots, dtype=np.int64)
+        self._open = np.ones(self._n, dtype=bool)
+        self._deps_of_pool = [_index_of(np.flatnonzero(self._pool_arr == p))
+                              for p in range(self._n_pools)]
         self._used = [0] * self._n_pools  # KV tokens in use per pool
         # eviction order per pool: heaps of (f_last, session, deployment, version)
         self._lru_departed: list[list[tuple]] = [[] for _ in range(self._n_pools)]
@@ -279,15 +291,15 @@ class Backend:
 
     def available(self, session: int) -> np.ndarray:
         """Bool (n,): the deployment's pool holds ``session``'s slot or has a free slot."""
-        ok = self._slots_used < self._slots
+        ok = self._open.copy()
         held = self._holder.get(session)
         if held is not None:
-            ok[held] = True
-        return ok[self._pool_arr]
+            ok[self._deps_of_pool[held]] = True
+        return ok
 
     def free_slots(self) -> np.ndarray:
         """Free slots per pool, int64 (n_pools,); a pool holding a session counts it as taken."""
-        return self._slots - self._slots_used
+        return self._free.copy()
 
     # -----------------------------------------------------------------------------------------
     # events
@@ -316,24 +328,28 @@ class Backend:
         if s in self._running:
             raise ValueError(f"session {s} already has a turn running on deployment "
                              f"{self._running[s]}")
-        self.advance(now)
+        if now != self._now:  # advancing to the current time is a no-op
+            self.advance(now)
         p = self._pool_of[a]
         old = self._holder.get(s)
         if old != p:
-            if self._slots_used[p] >= self._slots:
+            if self._free[p] <= 0:
                 raise ValueError(f"deployment {a} (pool {p}) is not available to session {s}: "
                                  f"no free slot")
             if old is not None:
-                self._slots_used[old] -= 1
-            self._slots_used[p] += 1
+                self._add_free(old, 1)
+            self._add_free(p, -1)
             self._holder[s] = p
-        caches = self._caches.setdefault(s, {})
+        self._version += 1  # a new version takes the cache out of the eviction and expiry heaps
+        caches = self._caches.get(s)
+        if caches is None:
+            caches = self._caches[s] = {}
         rec = caches.get(a)
         if rec is None:
-            rec = caches[a] = _Cache(0, self._now, True, self._bump())
+            rec = caches[a] = _Cache(0, self._now, True, self._version)
         else:
             rec.pinned = True
-            rec.version = self._bump()  # out of the eviction and expiry heaps
+            rec.version = self._version
         self._running[s] = a
         self._c["dispatches"] += 1
         delta = ctx - rec.tokens
@@ -355,12 +371,14 @@ class Backend:
         a = operator.index(a)
         if self._running.get(s) != a:
             raise ValueError(f"session {s} has no turn running on deployment {a}")
-        self.advance(now)
+        if now != self._now:  # advancing to the current time is a no-op
+            self.advance(now)
         del self._running[s]
         rec = self._caches[s][a]
         rec.pinned = False
         rec.f_last = self._now
-        rec.version = self._bump()
+        self._version += 1
+        rec.version = self._version
         if rec.tokens == 0:
             self._remove(s, a, rec)
         else:
@@ -375,11 +393,12 @@ class Backend:
                              f"{self._running[s]}")
         if s in self._departed:
             raise ValueError(f"session {s} has already departed")
-        self.advance(now)
+        if now != self._now:  # advancing to the current time is a no-op
+            self.advance(now)
         self._departed.add(s)
         p = self._holder.pop(s, None)
         if p is not None:
-            self._slots_used[p] -= 1
+            self._add_free(p, 1)
         for a, rec in self._caches.get(s, {}).items():
             rec.version = self._bump()
             self._push(s, a, rec)  # into the departed heap (and a fresh expiry entry)
@@ -444,7 +463,8 @@ class Backend:
         new._running = dict(self._running)
         new._holder = dict(self._holder)
         new._departed = set(self._departed)
-        new._slots_used = self._slots_used.copy()
+        new._free = self._free.copy()
+        new._open = self._open.copy()
         new._used = list(self._used)
         new._lru_departed = [list(h) for h in self._lru_departed]
         new._lru_live = [list(h) for h in self._lru_live]
@@ -454,6 +474,11 @@ class Backend:
 
     # -----------------------------------------------------------------------------------------
     # internals
+
+    def _add_free(self, p: int, delta: int) -> None:
+        free = self._free[p] + delta
+        self._free[p] = free
+        self._open[self._deps_of_pool[p]] = free > 0
 
     def _bump(self) -> int:
         # Versions are global, so a removed and re-created cache never matches an old entry.
@@ -482,23 +507,26 @@ class Backend:
 
     def _evict(self, p: int, missing: int) -> int:
         """Free up to ``missing`` tokens from idle caches of pool ``p``; return tokens freed."""
-        freed = 0
+        freed = removed = 0
+        all_caches = self._caches
         for heap in (self._lru_departed[p], self._lru_live[p]):
             while freed < missing and heap:
                 _, s, a, ver = heap[0]
-                rec = self._valid(s, a, ver)
-                if rec is None:
+                caches = all_caches.get(s)
+                rec = None if caches is None else caches.get(a)
+                if rec is None or rec.version != ver or rec.pinned:  # stale (see _valid)
                     heapq.heappop(heap)
                     continue
                 take = min(rec.tokens, missing - freed)
                 rec.tokens -= take  # trim the suffix; the prefix stays usable
-                self._used[p] -= take
                 freed += take
-                self._c["evicted_tokens"] += take
                 if rec.tokens == 0:
                     heapq.heappop(heap)
-                    self._c["evicted_caches"] += 1
+                    removed += 1
                     self._remove(s, a, rec)
             if freed >= missing:
                 break
+        self._used[p] -= freed
+        self._c["evicted_tokens"] += freed
+        self._c["evicted_caches"] += removed
         return freed

@@ -748,9 +748,17 @@ class CarbonSignal:
         self._values = np.ascontiguousarray(values)
         self._t_ns = index.asi8
         self._t_s = self._t_ns / 1e9  # float64 seconds: exact for whole-second stamps
+        # A regular grid of whole seconds (every grid built by from_config) turns the per-query
+        # lookup into index arithmetic: _t_s[k] == t0 + k·step exactly (integers < 2**53).
+        t0, n_rows = float(self._t_s[0]), len(self._t_s)
+        step = float(self._t_s[1] - self._t_s[0]) if n_rows > 1 else 0.0
+        regular = (step > 0 and t0 == int(t0) and step == int(step)
+                   and np.array_equal(self._t_s, t0 + step * np.arange(n_rows)))
+        self._grid = (t0, step, n_rows - 1) if regular else None
         self.start: pd.Timestamp = index[0]
         self.end: pd.Timestamp = end
         self._end_ns = end.as_unit("ns").value
+        self._span_s = (t0, self._end_ns / 1e9)  # coverage [start, end) as float seconds
         self.provenance: dict[str, dict] = {k: dict(v) for k, v in (provenance or {}).items()}
 
     # ---- construction from the data ---------------------------------------------------------
@@ -814,11 +822,33 @@ class CarbonSignal:
         """The grid (gCO2e/kWh), one column per region (a copy)."""
         return self._frame.copy()
 
-    def _row_of_seconds(self, t: float) -> int:
-        """Fast path for one float time (seconds since epoch): the per-query simulator loop."""
-        if not (self._t_s[0] <= t < self._end_ns / 1e9):  # also rejects NaN
+    def row_index(self, t: float) -> int:
+        """Row of the grid in force at ``t`` (float seconds since the Unix epoch): the latest
+        grid instant at or before ``t``, as ``searchsorted(side="right") − 1`` would give.
+
+        The fast path of the per-query simulator loop (callers may cache per-row values); raises
+        ``ValueError`` outside the coverage like :meth:`at`.
+        """
+        lo, hi = self._span_s
+        if not (lo <= t < hi):  # also rejects NaN
             self._rows(np.array([t]))  # raises the full error
-        return int(np.searchsorted(self._t_s, t, side="right")) - 1
+        if self._grid is None:
+            return int(np.searchsorted(self._t_s, t, side="right")) - 1
+        t0, step, last = self._grid
+        k = min(int((t - t0) // step), last)
+        # The float division can be off by one at a grid instant; settle it with exact compares.
+        if t < t0 + k * step:
+            k -= 1
+        elif k < last and t >= t0 + (k + 1) * step:
+            k += 1
+        return k
+
+    def row_interval(self, row: int) -> tuple[float, float]:
+        """The interval ``[start, end)`` (float seconds since the Unix epoch) in which grid row
+        ``row`` is in force: a caller holding the row's values needs a new lookup only when a
+        time leaves it."""
+        end = self._t_s[row + 1] if row + 1 < len(self._t_s) else self._span_s[1]
+        return float(self._t_s[row]), float(end)
 
     def _rows(self, times) -> tuple[np.ndarray, bool]:
         q, is_ns, scalar = _to_query(times)
@@ -859,7 +889,7 @@ class CarbonSignal:
             A time is before :attr:`start`, at/after :attr:`end`, or not finite.
         """
         if isinstance(times, float | int) and not isinstance(times, bool):
-            return self._values[self._row_of_seconds(float(times))]
+            return self._values[self.row_index(float(times))]
         rows, scalar = self._rows(times)
         out = self._values[rows]
         return out[0] if scalar else out
@@ -875,7 +905,7 @@ class CarbonSignal:
         """Intensity of one region at ``times`` (gCO2e/kWh): shape ``(len(times),)``, or a float."""
         col = self.region_index(region)
         if isinstance(times, float | int) and not isinstance(times, bool):
-            return float(self._values[self._row_of_seconds(float(times)), col])
+            return float(self._values[self.row_index(float(times)), col])
         rows, scalar = self._rows(times)
         out = self._values[rows, col]
         return float(out[0]) if scalar else out

@@ -10,9 +10,13 @@ At equal times completions (and departures) are processed before dispatches (§6
 
 from __future__ import annotations
 
+import array
 import dataclasses
+import functools
 import heapq
+import math
 from dataclasses import dataclass
+from time import perf_counter_ns
 
 import numpy as np
 import pandas as pd
@@ -26,6 +30,7 @@ from carbonrouter_lib.policies import (
     CarbonRouter,
     ConstraintConfig,
     Policy,
+    QueryBatch,
     QueryContext,
     feasibility,
     make_policy,
@@ -94,8 +99,14 @@ class SimulationConfig:
 
     def deployments(self) -> Deployments:
         """The deployments of this setting (analytical profiles with this κ, γ)."""
-        return Deployments.build(self.regions,
-                                 analytical_profiles(kappa=self.kappa, gamma=self.gamma))
+        return _deployments(self.regions, self.kappa, self.gamma)
+
+
+@functools.lru_cache(maxsize=32)
+def _deployments(regions: tuple[str, ...], kappa: float, gamma: float) -> Deployments:
+    # Cached: building the profile table costs more than a short replay, and Deployments' arrays
+    # are read-only, so one instance can be shared.
+    return Deployments.build(regions, analytical_profiles(kappa=kappa, gamma=gamma))
 
 
 def _reference_service(table: pd.DataFrame) -> np.ndarray:
@@ -143,19 +154,40 @@ def mean_context_tokens(table: pd.DataFrame) -> float:
 
 @dataclass
 class SimulationResult:
-    """The outcome of one replay: per-query records (metrics.RECORD_COLUMNS) and provenance."""
+    """The outcome of one replay: per-query records (metrics.RECORD_COLUMNS) and provenance.
+
+    ``decision_ns``: with ``simulate(..., time_decisions=True)``, the time of each query's
+    decision in ns, in the records' (dispatch) order; None otherwise.
+    """
 
     records: pd.DataFrame
     policy: str
     params: dict
     backend: dict
     counters: dict
+    decision_ns: np.ndarray | None = None
 
 
 def backend_config(table: pd.DataFrame, config: SimulationConfig) -> BackendConfig:
     """Capacity of spec §6 for this workload: K = c·P per region, KV memory K·C̄ per region."""
     return capacity_from_trace(peak_active_sessions(table), mean_context_tokens(table),
                                c=config.c, n_gpu_types=3, ttl_s=config.ttl_s)
+
+
+#: The record columns the replay loop writes (the table row, then the record columns), with
+#: their dtypes and ``array`` type codes.
+_RECORD_FIELDS: tuple[tuple[str, type, str], ...] = tuple(
+    (name, dtype, {np.int64: "q", np.float64: "d", np.bool_: "B"}[dtype])
+    for name, dtype in (
+        ("row", np.int64), ("deployment", np.int64), ("dispatch_s", np.float64),
+        ("completion_s", np.float64), ("history_tokens", np.float64),
+        ("cached_tokens", np.float64), ("energy_kwh", np.float64), ("carbon_g", np.float64),
+        ("est_energy_kwh", np.float64), ("est_carbon_g", np.float64),
+        ("recompute_energy_kwh", np.float64), ("ttft_s", np.float64), ("quality", np.float64),
+        ("best_effort", np.bool_), ("rejected", np.bool_), ("in_cleanest_region", np.bool_),
+        ("switched", np.bool_), ("switch_opportunity", np.bool_), ("gate_blocked", np.bool_),
+    )
+)
 
 
 def simulate(
@@ -165,6 +197,7 @@ def simulate(
     signal: CarbonSignal | None = None,
     backend: BackendConfig | None = None,
     progress: bool = False,
+    time_decisions: bool = False,
 ) -> SimulationResult:
     """Replay the prepared workload ``table`` under ``policy`` (spec §4–§7).
 
@@ -183,12 +216,22 @@ def simulate(
         Capacity (default :func:`backend_config` of the table).
     progress
         Show a tqdm progress bar over queries.
+    time_decisions
+        Time every decision (carbon lookup, the backend's state, context, feasibility and the
+        policy's choice) with ``time.perf_counter_ns`` into ``decision_ns`` (for benchmarks).
 
     Returns
     -------
     SimulationResult
         ``records``: one row per query in dispatch order (columns of
         :data:`carbonrouter_lib.metrics.RECORD_COLUMNS`, plus ``policy``).
+
+    Notes
+    -----
+    Speed: the per-query path is scalar Python over lists and typed arrays plus a few numpy
+    calls over the n deployments; what does not depend on dispatch is computed for all queries
+    at once (:class:`carbonrouter_lib.policies.QueryBatch`). ``benchmarks/bench_simulator.py``
+    measures it.
     """
     config = config or SimulationConfig()
     policy = make_policy(policy) if isinstance(policy, str) else policy
@@ -218,27 +261,52 @@ def simulate(
                                                      == turn[:-1][np.diff(session) == 0] + 1)):
         raise ValueError("table rows must be grouped by session with turns 0, 1, 2, … in order")
     first_row = np.flatnonzero(turn == 0)
+    if n == 0 or first_row.size == 0 or first_row[0] != 0:
+        raise ValueError("table must start with a session's turn 0 (rows grouped by session)")
+    rows_per_session = np.diff(np.append(first_row, n))
+    bad = np.flatnonzero(n_turns[first_row] != rows_per_session)
+    if bad.size:
+        s0 = int(session[first_row[bad[0]]])
+        raise ValueError(f"session {s0}: n_turns = {int(n_turns[first_row[bad[0]]])} but it has "
+                         f"{int(rows_per_session[bad[0]])} rows ({bad.size} sessions disagree)")
+    if not np.isfinite(arrival[first_row]).all():
+        r = int(first_row[~np.isfinite(arrival[first_row])][0])
+        raise ValueError(f"row {r} (session {int(session[r])}, turn 0): arrival_s is not finite")
     big = MODELS.index("Llama-3.1-70B")
 
+    # The loop reads scalars: Python lists and typed arrays are much faster to index, and
+    # Python floats to do arithmetic on, than numpy scalars (the values, and so the results,
+    # are the same). Per-model values are flat (row i, model m at i·n_models + m).
+    session_l, turn_l, n_turns_l = session.tolist(), turn.tolist(), n_turns.tolist()
+    think_l = think.tolist()
+    n_m = new.shape[1]
+    new_l, hist_l, out_l, qual_l = (array.array("d", x.tobytes()) for x in (new, hist, out, qual))
+    e_in, e_cache, e_out = deps.e_in.tolist(), deps.e_cache.tolist(), deps.e_out.tolist()
+    v_pre, v_dec = deps.v_pre.tolist(), deps.v_dec.tolist()
+    model_of, region_of, n_dep = deps.model.tolist(), deps.region.tolist(), deps.n
+    # Everything of Eq. 4–7 that does not depend on dispatch, for all queries at once.
+    batch = QueryBatch(deps, new, hist, est, qual, constraints)
     ctx, cand = QueryContext(deps), Candidates(deps.n)
-    rec = {
-        "deployment": np.full(n, -1, np.int64), "dispatch_s": np.zeros(n),
-        "completion_s": np.zeros(n), "history_tokens": np.zeros(n),
-        "cached_tokens": np.zeros(n), "energy_kwh": np.zeros(n), "carbon_g": np.zeros(n),
-        "est_energy_kwh": np.zeros(n), "est_carbon_g": np.zeros(n),
-        "recompute_energy_kwh": np.zeros(n), "ttft_s": np.full(n, np.nan),
-        "quality": np.full(n, np.nan), "best_effort": np.zeros(n, bool),
-        "rejected": np.zeros(n, bool), "in_cleanest_region": np.zeros(n, bool),
-        "switched": np.zeros(n, bool), "switch_opportunity": np.zeros(n, bool),
-        "gate_blocked": np.zeros(n, bool),
-    }
-    order = np.empty(n, np.int64)  # dispatch order
+
+    # Records, one typed array per column (_RECORD_FIELDS), in dispatch order: stores convert
+    # to machine values at once, and the arrays become numpy columns without a copy.
+    cols = {name: array.array(code, bytes(n * np.dtype(dtype).itemsize))
+            for name, dtype, code in _RECORD_FIELDS}
+    (c_row, c_dep, c_disp, c_compl, c_hist, c_cached, c_energy, c_carbon, c_est_e, c_est_c,
+     c_recomp, c_ttft, c_qual, c_be, c_rej, c_clean, c_switch, c_opp, c_block) = cols.values()
+    served_on = [-1] * n  # deployment of each served row
+    dec_ns = np.full(n, -1, np.int64) if time_decisions else None
     prev_served = {}  # session -> deployment of its previous served turn
     is_ccar = isinstance(policy, CarbonRouter)
+    # Carbon intensity: the grid row in force ([ci_from, ci_until), s) and its values.
+    ci_from, ci_until, ci_l, ci_min = math.inf, -math.inf, [], math.inf
+    heappush, heappop = heapq.heappush, heapq.heappop
 
-    # Event heap: (time, kind, row) with kind 0 = completion, 1 = dispatch, so that at equal
-    # times completions and departures come first (§6a.9); rows break remaining ties.
-    events = [(arrival[i], 1, int(i)) for i in first_row]
+    # Event heap: (time, key) with key = row for the completion of a row and n + row for its
+    # dispatch, so that at equal times completions and departures come first (§6a.9) and rows
+    # break the remaining ties: the order of (time, kind, row) with 2-tuples, faster to compare.
+    arrival_l = arrival.tolist()
+    events = [(arrival_l[i], n + i) for i in first_row.tolist()]
     heapq.heapify(events)
     done = 0
     bar = None
@@ -247,71 +315,78 @@ def simulate(
 
         bar = tqdm(total=n, desc=f"replay {policy.name}", unit="query", mininterval=1.0)
     while events:
-        t, kind, i = heapq.heappop(events)
-        s = int(session[i])
-        if kind == 0:  # completion of row i (or the instant of its rejection)
-            a = int(rec["deployment"][i])
+        t, i = heappop(events)
+        if i < n:  # completion of row i (or the instant of its rejection)
+            s = session_l[i]
+            a = served_on[i]
             if a >= 0:
                 be.complete(s, a, t)
-            if turn[i] == n_turns[i] - 1:
+            if turn_l[i] == n_turns_l[i] - 1:
                 be.depart(s, t)
                 policy.on_session_end(s)
             else:
-                heapq.heappush(events, (t + think[i + 1], 1, i + 1))
+                heappush(events, (t + think_l[i + 1], n + i + 1))
             continue
+        i -= n
+        s = session_l[i]
 
         be.advance(t)
-        ci_region = signal.at(t)
+        if time_decisions:
+            t_dec = perf_counter_ns()
+        if not ci_from <= t < ci_until:  # the intensity changes once per grid step
+            ci_from, ci_until = signal.row_interval(signal.row_index(t))
+            ci_region = signal.at(t)
+            ctx.set_ci(ci_region)
+            ci_l = ci_region.tolist()
+            ci_min = min(ci_l)
+        k = turn_l[i]
         prev = prev_served.get(s, -1)
-        ctx.fill(session=s, turn=int(turn[i]), prev=prev, cached=be.cached_tokens(s),
-                 n_new=new[i], n_hist=hist[i], n_out_est=est[i], quality=qual[i],
-                 ci=ci_region, available=be.available(s), free_slots=be.free_slots(),
-                 time_s=t)
-        if turn[i] == 0:
+        ctx.fill_row(batch, i, session=s, turn=k, prev=prev, cached=be.session_caches(s),
+                     available=be.available(s), free_slots=be.free_slots(), time_s=t)
+        if k == 0:
             policy.on_session_start(ctx)
         feasibility(ctx, constraints, out=cand)
-        order[done] = i
+        j = done  # the query's place in dispatch order
         done += 1
-        rec["dispatch_s"][i] = t
+        c_row[j], c_disp[j] = i, t
         if cand.rejected:
-            rec["rejected"][i] = True
-            rec["history_tokens"][i] = hist[i, big]
-            rec["completion_s"][i] = t
-            heapq.heappush(events, (t, 0, i))
+            if time_decisions:
+                dec_ns[j] = perf_counter_ns() - t_dec
+            # (columns start zeroed: only the nonzero values are written)
+            c_dep[j], c_compl[j], c_hist[j] = -1, t, hist_l[i * n_m + big]
+            c_ttft[j] = c_qual[j] = math.nan
+            c_rej[j] = True
+            heappush(events, (t, i))
         else:
             a = int(policy.choose(ctx, cand))
-            if not (0 <= a < deps.n and cand.mask[a]):
+            if time_decisions:
+                dec_ns[j] = perf_counter_ns() - t_dec
+            if not (0 <= a < n_dep and cand.mask[a]):
                 raise RuntimeError(f"{policy.name} chose {a}, not a candidate (row {i})")
             policy.on_served(ctx, a)
-            m = int(deps.model[a])
+            im = i * n_m + model_of[a]
+            n_new, n_hist, n_out = new_l[im], hist_l[im], out_l[im]
             cached = float(ctx.cached[a])
-            energy = cost.energy_kwh(deps.e_in[a], deps.e_cache[a], deps.e_out[a], new[i, m],
-                                     hist[i, m], cached, out[i, m])
-            ttft = cost.ttft_s(new[i, m], hist[i, m], cached, deps.v_pre[a])
-            done_at = t + ttft + out[i, m] / deps.v_dec[a]
-            ci_a = ci_region[deps.region[a]]
-            rec["deployment"][i] = a
-            rec["history_tokens"][i] = hist[i, m]
-            rec["cached_tokens"][i] = cached
-            rec["energy_kwh"][i] = energy
-            rec["carbon_g"][i] = ci_a * energy
-            rec["est_energy_kwh"][i] = cand.energy[a]
-            rec["est_carbon_g"][i] = cand.carbon[a]
-            rec["recompute_energy_kwh"][i] = (deps.e_in[a] - deps.e_cache[a]) * (hist[i, m]
-                                                                                 - cached)
-            rec["ttft_s"][i] = ttft
-            rec["quality"][i] = qual[i, m]
-            rec["best_effort"][i] = cand.best_effort
-            rec["in_cleanest_region"][i] = ci_a <= ci_region.min()
-            rec["switched"][i] = prev >= 0 and a != prev
-            if is_ccar:
-                rec["switch_opportunity"][i] = policy.last_opportunity
-                rec["gate_blocked"][i] = (policy.last_opportunity and a == prev
-                                          and policy.last_proposal != prev)
-            rec["completion_s"][i] = done_at
-            be.dispatch(s, a, t, int(hist[i, m] + new[i, m] + out[i, m]))
+            energy = cost.energy_kwh(e_in[a], e_cache[a], e_out[a], n_new, n_hist, cached,
+                                     n_out)
+            ttft = cost.ttft_s(n_new, n_hist, cached, v_pre[a])
+            done_at = t + ttft + n_out / v_dec[a]
+            ci_a = ci_l[region_of[a]]
+            est_energy = cand.energy_of(a)
+            c_dep[j], c_compl[j], c_hist[j], c_cached[j] = a, done_at, n_hist, cached
+            c_energy[j], c_carbon[j] = energy, ci_a * energy
+            c_est_e[j], c_est_c[j] = est_energy, ci_a * est_energy  # Ĉ(a) = CI·E(a)
+            c_recomp[j] = (e_in[a] - e_cache[a]) * (n_hist - cached)
+            c_ttft[j], c_qual[j] = ttft, qual_l[im]
+            c_be[j], c_clean[j] = cand.best_effort, ci_a <= ci_min
+            c_switch[j] = prev >= 0 and a != prev
+            if is_ccar and policy.last_opportunity:
+                c_opp[j] = True
+                c_block[j] = a == prev and policy.last_proposal != prev
+            served_on[i] = a
+            be.dispatch(s, a, t, int(n_hist + n_new + n_out))
             prev_served[s] = a
-            heapq.heappush(events, (done_at, 0, i))
+            heappush(events, (done_at, i))
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -319,6 +394,9 @@ def simulate(
     if done != n:
         raise RuntimeError(f"replay dispatched {done} of {n} queries")
 
+    rec = {name: np.frombuffer(cols[name], dtype=dtype) for name, dtype, _ in _RECORD_FIELDS}
+    order = rec.pop("row")
+    session, turn, n_turns = session[order], turn[order], n_turns[order]
     labels = deps.frame()
     dep = rec["deployment"]
     served = dep >= 0
@@ -327,7 +405,7 @@ def simulate(
         names = labels[col].to_numpy()
         records[col] = np.where(served, names[np.maximum(dep, 0)], "")
     records["recomputed_tokens"] = records["history_tokens"] - records["cached_tokens"]
-    records = records.iloc[order].reset_index(drop=True)
     records.insert(0, "policy", policy.name)
     return SimulationResult(records=records, policy=policy.name, params=policy.params(),
-                            backend=backend_cfg.to_dict(), counters=be.counters())
+                            backend=backend_cfg.to_dict(), counters=be.counters(),
+                            decision_ns=dec_ns)

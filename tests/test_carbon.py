@@ -494,3 +494,23 @@ def test_real_em_only_matches_data_readme():
     expect = {"CH": 0.48, "BE": 0.31, "GB": 0.13, "US-CAL-CISO": 0.08}
     assert shares.to_dict() == pytest.approx(expect, abs=0.01)
     assert median_cross_region_ratio(sig.frame) == pytest.approx(2.44, abs=0.01)
+
+
+def test_row_index_fast_path_equals_searchsorted():
+    # The simulator's grid-arithmetic lookup must agree with a plain binary search, including
+    # exactly at, just before and just after grid instants.
+    idx = pd.date_range("2022-01-03", periods=2000, freq="5min", tz="UTC")
+    sig = carbon.CarbonSignal(pd.DataFrame({"A": np.arange(2000.0)}, index=idx))
+    stamps = idx.as_unit("ns").asi8 / 1e9
+    rng = np.random.default_rng(0)
+    times = np.concatenate([
+        stamps, np.nextafter(stamps[1:], -np.inf), np.nextafter(stamps, np.inf),
+        rng.uniform(stamps[0], stamps[-1] + 300.0 - 1e-6, 5000),
+    ])
+    expected = np.searchsorted(stamps, times, side="right") - 1
+    got = np.array([sig.row_index(float(t)) for t in times])
+    np.testing.assert_array_equal(got, expected)
+    lo, hi = sig.row_interval(10)
+    assert lo == stamps[10] and hi == stamps[11]
+    with pytest.raises(ValueError):
+        sig.row_index(stamps[0] - 1.0)

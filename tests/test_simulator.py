@@ -716,9 +716,6 @@ def test_backend_config_applies_the_capacity_rule():
 # Input validation
 
 
-@pytest.mark.xfail(strict=True, reason="simulator.py does not check n_turns against the rows: "
-                   "an n_turns larger than the session's rows makes the replay dispatch the next "
-                   "row (another session's, or past the end) and fail with an IndexError")
 @pytest.mark.parametrize("row", [1, 2])
 def test_inconsistent_n_turns_raise_a_clear_error(row):
     table = make_table([conversation(0.0, 2), conversation(50.0, 1)])

@@ -6,8 +6,10 @@ asks the policy for a deployment::
 
     policy = make_policy("carbonrouter", delta=0.5, gate=my_gate)
     ctx, cand = QueryContext(deployments), Candidates(deployments.n)   # once per run
+    batch = QueryBatch(deployments, n_new, n_hist, n_out_est, quality, constraints)
     ...                                                                # per query:
-    ctx.fill(session=s, turn=k, prev=..., cached=L, ...)
+    ctx.set_ci(ci)                                   # when the carbon intensity changes
+    ctx.fill_row(batch, i, session=s, turn=k, prev=..., cached={a: L}, ...)
     if k == 0:
         policy.on_session_start(ctx)
     feasibility(ctx, constraints, out=cand)
@@ -15,6 +17,8 @@ asks the policy for a deployment::
         a = policy.choose(ctx, cand); ...; policy.on_served(ctx, a)
     ...
     policy.on_session_end(s)
+
+(``ctx.fill(...)`` fills a one-off context from per-model arrays instead of a batch row.)
 
 Adding a policy: one :class:`Policy` subclass and one line in :data:`POLICIES`.
 """
@@ -26,6 +30,7 @@ from carbonrouter_lib.policies.base import (
     Candidates,
     ConstraintConfig,
     Policy,
+    QueryBatch,
     QueryContext,
     feasibility,
 )
@@ -38,6 +43,7 @@ __all__ = [
     "Candidates",
     "ConstraintConfig",
     "Policy",
+    "QueryBatch",
     "QueryContext",
     "feasibility",
     "SessionAffinity",

@@ -10,17 +10,29 @@ Per query of session s at dispatch time d the simulator
    TTFT, relaxed to best-effort or rejected as §5 / §6a.2 say) into a :class:`Candidates`;
 3. unless the query is rejected, asks the policy: ``a = policy.choose(ctx, cand)``.
 
-Everything is vectorized over deployments. The context and the candidates own preallocated
-buffers that :meth:`QueryContext.fill` and :func:`feasibility` overwrite in place, so the
-per-query path allocates (almost) nothing: a policy must not keep references to their arrays
-beyond the call (copy what it needs to remember; the policies here remember only indices).
+Everything is vectorized over deployments. Most of Eq. 4–7 does not depend on when or where a
+query is dispatched: E_base(a), the energy with nothing cached, the quality and context-window
+checks and the TTFT with nothing cached depend only on the query's token counts and Q(m).
+:class:`QueryBatch` computes these *dispatch-independent* terms for many queries at once (the
+simulator: the whole workload, vectorized over queries × deployments). Per query, the context
+then only adds what is known at dispatch — the carbon intensity, the session's caches (a few
+deployments, patched one by one with the same arithmetic) and availability — and
+:class:`Candidates` computes each cost array on first access (a policy reads one or two). A
+one-off context (:meth:`QueryContext.fill`) goes through a batch of one query: one code path.
+
+The context and the candidates reuse their buffers from query to query, so the per-query path
+allocates (almost) nothing: a policy must not keep references to their arrays beyond the call
+(copy what it needs to remember; the policies here remember only indices).
 
 Units: tokens (stored as float64), kWh, gCO2e, gCO2e/kWh, seconds.
 """
 
 from __future__ import annotations
 
+import array
+import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +41,7 @@ from carbonrouter_lib.deployments import Deployments
 
 __all__ = [
     "ConstraintConfig",
+    "QueryBatch",
     "QueryContext",
     "Candidates",
     "feasibility",
@@ -62,11 +75,177 @@ class ConstraintConfig:
             raise ValueError(f"ConstraintConfig.d_ttft_s must be > 0 (s; inf allowed), got {d!r}")
 
 
+# Module-level names: cheaper lookups on the per-query path.
+_INF = math.inf
+_copyto = np.copyto
+
+#: Queries per block when a :class:`QueryBatch` is computed (bounds the temporaries' memory).
+_BLOCK = 4096
+
+
+def _first_region(d: Deployments) -> Deployments:
+    """The deployments of the first region. Every region holds the same (GPU, model) profiles in
+    the same order (deployments.py), so per-query terms that do not depend on the region are
+    computed on these and copied to the other regions."""
+    n_r = len(d.regions)
+    block = d.n // n_r
+    d0 = dataclasses.replace(
+        d, regions=d.regions[:1],
+        **{f: getattr(d, f)[:block] for f in ("model", "gpu", "region", "pool", "e_in", "e_cache",
+                                             "e_out", "v_pre", "v_dec", "context_window")},
+    )
+    for f in ("model", "gpu", "e_in", "e_cache", "e_out", "v_pre", "context_window"):
+        if not np.array_equal(getattr(d, f).reshape(n_r, block), np.tile(getattr(d0, f),
+                                                                         (n_r, 1))):
+            raise ValueError(f"deployments must repeat the same profiles in every region ({f})")
+    return d0
+
+
+def _gather(d: Deployments, per_model: np.ndarray) -> np.ndarray:
+    """(..., n_models) per-model values → (..., n) per-deployment values."""
+    return per_model[..., d.model]
+
+
+def _checks(
+    d: Deployments, quality: np.ndarray, new: np.ndarray, hist: np.ndarray, out: np.ndarray,
+    cfg: ConstraintConfig,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The constraints of Eq. 7 that need no dispatch-time state, for queries × deployments.
+
+    ``quality`` is (N, n_models); ``new``, ``hist``, ``out`` are (N, n) tokens on the
+    deployments ``d`` (here: one region's). Returns
+    ``ok`` (quality-feasible model, Q ≥ β_Q·max Q as quality.feasible_models, and context
+    N_new + N_hist + N_out_est ≤ window) and ``fast`` (``ok`` and, with nothing cached,
+    TTFT = (N_new + N_hist) / v_pre ≤ D_TTFT — a division as in cost.ttft_s, so that the inclusive
+    bound agrees exactly with a hand computation).
+    """
+    qok = quality >= cfg.beta_q * quality.max(axis=1, keepdims=True)
+    ok = _gather(d, qok) & (new + hist + out <= d.context_window)
+    fast = ok & ((new + hist) / d.v_pre <= cfg.d_ttft_s)
+    return ok, fast
+
+
+class QueryBatch:
+    """The dispatch-independent terms of Eq. 4–7 for a batch of queries over all deployments.
+
+    Parameters
+    ----------
+    deployments : Deployments
+    n_new, n_hist, n_out_est : array_like, float (N, n_models)
+        New input, history and *estimated* output tokens of each query under each model's
+        tokenizer (MODELS order).
+    quality : array_like, float (N, n_models)
+        Predicted quality Q(m) of each query, in [0, 1].
+    config : ConstraintConfig or None
+        Constraints whose checks are precomputed for every query; :func:`feasibility` called with
+        another config computes them for its query instead. None: none precomputed.
+    check : bool
+        Validate the values (finite and ≥ 0 tokens, quality in [0, 1]); ``ValueError`` naming
+        the quantity and the first bad query (row) otherwise. Shapes are always checked.
+
+    Attributes
+    ----------
+    deployments : Deployments
+    config : ConstraintConfig or None
+    tokens : ndarray, float64 (N, 3, n_models)
+        Rows new, history, estimated output tokens per model.
+    quality : ndarray, float64 (N, n_models)
+    energy_base : ndarray, float64 (N, n)
+        E_base(a) = e_in·N_new + e_cache·N_hist + e_out·N_out_est (cost.energy_base_kwh), kWh.
+    energy_uncached : ndarray, float64 (N, n)
+        E(a) with nothing cached, E_base + (e_in − e_cache)·N_hist (Eq. 4 regrouped: equal to
+        cost.energy_kwh up to rounding; deployments with the same profile get bit-identical
+        values, so exact ties stay exact), kWh.
+    ok, fast : ndarray of bool (N, n), or None without ``config``
+        See :func:`_checks`: quality ∧ context window, and that ∧ TTFT(L = 0) ≤ D_TTFT.
+
+    Every array is read-only. Memory: 2 float64 and 2 bool arrays of N × n (the whole ShareGPT
+    workload over 60 deployments: about 66 MB).
+    """
+
+    def __init__(
+        self,
+        deployments: Deployments,
+        n_new: np.ndarray,
+        n_hist: np.ndarray,
+        n_out_est: np.ndarray,
+        quality: np.ndarray,
+        config: ConstraintConfig | None = None,
+        check: bool = True,
+    ) -> None:
+        d = deployments
+        n_m = len(d.models)
+        tokens = np.stack([np.asarray(x, dtype=np.float64) for x in (n_new, n_hist, n_out_est)],
+                          axis=1)
+        q = np.array(quality, dtype=np.float64)
+        if tokens.ndim != 3 or tokens.shape[2] != n_m or q.shape != (tokens.shape[0], n_m):
+            raise ValueError(f"QueryBatch: token counts and quality must be (N, {n_m}) arrays "
+                             f"of one N; got tokens {tokens.shape[::2]}, quality {q.shape}")
+        if check:
+            for j, name in enumerate(("n_new", "n_hist", "n_out_est")):
+                _check_rows(name, tokens[:, j], ~np.isfinite(tokens[:, j]) | (tokens[:, j] < 0))
+            _check_rows("quality", q, ~((q >= 0) & (q <= 1)))
+        n_q, n_r = tokens.shape[0], len(d.regions)
+        self.deployments, self.config = d, config
+        self.tokens, self.quality = tokens, q
+        # N_new and N_hist per model as a flat typed array: scalar reads on the hot path.
+        self._n_models = n_m
+        self._new_hist = array.array("d", tokens[:, :2].tobytes())
+        self._d0 = d0 = _first_region(d)
+        # (query, region, deployment of the region) views of the (N, n) arrays: the terms are
+        # computed for the first region's deployments and broadcast to every region.
+        self.energy_base = np.empty((n_q, d.n))
+        self.energy_uncached = np.empty((n_q, d.n))
+        eb_all = self.energy_base.reshape(n_q, n_r, -1)
+        e0_all = self.energy_uncached.reshape(n_q, n_r, -1)
+        self.ok = self.fast = None
+        if config is not None:
+            self.ok = np.empty((n_q, d.n), dtype=bool)
+            self.fast = np.empty((n_q, d.n), dtype=bool)
+            ok_all = self.ok.reshape(n_q, n_r, -1)
+            fast_all = self.fast.reshape(n_q, n_r, -1)
+        de = d0.e_in - d0.e_cache  # kWh/token: the recomputation energy of one missed token
+        for lo in range(0, n_q, _BLOCK):
+            rows = slice(lo, lo + _BLOCK)
+            new, hist, out = (_gather(d0, tokens[rows, j]) for j in range(3))
+            # (e_in·N_new + e_cache·N_hist) + e_out·N_out_est, in this order (cost.py's Eq. 4).
+            eb = d0.e_in * new + d0.e_cache * hist + d0.e_out * out
+            eb_all[rows] = eb[:, None]
+            e0_all[rows] = (de * hist + eb)[:, None]
+            if config is not None:
+                ok, fast = _checks(d0, q[rows], new, hist, out, config)
+                ok_all[rows], fast_all[rows] = ok[:, None], fast[:, None]
+        for arr in (self.tokens, self.quality, self.energy_base, self.energy_uncached, self.ok,
+                    self.fast):
+            if arr is not None:
+                arr.flags.writeable = False
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def checks(self, row: int, config: ConstraintConfig) -> tuple[np.ndarray, np.ndarray]:
+        """``ok`` and ``fast`` (see the class) of query ``row`` under ``config``, each (n,)."""
+        if self.ok is not None and (config is self.config or config == self.config):
+            return self.ok[row], self.fast[row]
+        d0, n_r = self._d0, len(self.deployments.regions)
+        new, hist, out = _gather(d0, self.tokens[row])[:, None]
+        ok, fast = _checks(d0, self.quality[row][None], new, hist, out, config)
+        return np.tile(ok[0], n_r), np.tile(fast[0], n_r)
+
+
+def _check_rows(name: str, arr: np.ndarray, bad: np.ndarray) -> None:
+    if bad.any():
+        i, j = np.argwhere(bad)[0]
+        raise ValueError(f"QueryBatch: {name}[{i}, {j}] = {arr[i, j]!r} is invalid (row {i})")
+
+
 class QueryContext:
     """Everything a policy may read about one query, as arrays over the n deployments.
 
     Create one per simulation run (``QueryContext(deployments)``, which allocates the buffers)
-    and :meth:`fill` it once per query; :meth:`build` does both for a one-off context.
+    and fill it once per query: :meth:`fill_row` (the simulator's path: a row of a
+    :class:`QueryBatch` plus the backend's state, no copies) or :meth:`fill` (one query from
+    per-model arrays); :meth:`build` creates and fills a one-off context.
 
     Attributes
     ----------
@@ -79,12 +258,15 @@ class QueryContext:
         turn (−1 if none: first turn, or every earlier turn rejected).
     time_s : float
         Dispatch time d, s since the Unix epoch (NaN if the caller did not give it).
+    batch, row : QueryBatch, int
+        Where the query's dispatch-independent terms are (``batch`` row ``row``).
     cached : ndarray, float64 (n,)
         L(a): history tokens cached on each deployment, clipped to N_hist of its model.
     n_new, n_hist, n_out_est : ndarray, float64 (n,)
-        New input, history and *estimated* output tokens under each deployment's model tokenizer.
+        New input, history and *estimated* output tokens under each deployment's model tokenizer
+        (computed on access).
     n_new_m, n_hist_m, n_out_est_m : ndarray, float64 (n_models,)
-        The same per model (MODELS order); views of one (3, n_models) buffer.
+        The same per model (MODELS order).
     quality : ndarray, float64 (n_models,)
         Predicted quality Q(m) of each model for this query, in [0, 1].
     ci : ndarray, float64 (n,)
@@ -100,43 +282,131 @@ class QueryContext:
     """
 
     __slots__ = (
-        "deployments", "n", "session", "turn", "prev", "time_s",
-        "cached", "n_new", "n_hist", "n_out_est", "n_new_m", "n_hist_m", "n_out_est_m",
-        "quality", "ci", "ci_region", "available", "free_slots",
-        "_tok_m_b", "_tok_b", "_ci_region_b", "_ci_b", "_de",
+        "deployments", "n", "session", "turn", "prev", "time_s", "batch", "row",
+        "cached", "ci", "ci_region", "available", "free_slots",
+        "_hits", "_model", "_v_pre", "_de", "_ci_region_b", "_ci_b", "_own_available",
+        "_own_free",
     )
 
     def __init__(self, deployments: Deployments) -> None:
         d = deployments
-        n_m, n_r = len(d.models), len(d.regions)
-        # Deployment a = (region·n_gpus + gpu)·n_models + model (deployments.py), so a per-model
-        # array broadcasts to deployments as an (n_regions·n_gpus, n_models) block view and a
-        # per-region one as (n_regions, n_gpus·n_models): a plain broadcast copy, far cheaper than
-        # fancy indexing on the hot path.
-        if not (np.array_equal(d.model, np.arange(d.n) % n_m)
-                and np.array_equal(d.region, np.arange(d.n) // (d.n // n_r))):
-            raise ValueError("QueryContext needs deployments numbered region-major, model-minor "
+        n_r = len(d.regions)
+        # A region's deployments are contiguous (deployments.py), so a per-region array
+        # broadcasts to deployments as an (n_regions, n_gpus·n_models) block view: a plain
+        # broadcast copy, far cheaper than fancy indexing.
+        if not np.array_equal(d.region, np.arange(d.n) // (d.n // n_r)):
+            raise ValueError("QueryContext needs deployments numbered region-major "
                              "(Deployments.build's order)")
         self.deployments = d
         self.n = d.n
         self.session, self.turn, self.prev, self.time_s = 0, 0, -1, math.nan
-        # Rows: new, history, estimated output tokens.
-        tok_m = np.zeros((3, n_m))
-        tok = np.zeros((3, d.n))
-        self._tok_m_b = tok_m[:, None, :]
-        self._tok_b = tok.reshape(3, -1, n_m)
-        self.n_new_m, self.n_hist_m, self.n_out_est_m = tok_m
-        self.n_new, self.n_hist, self.n_out_est = tok
+        self.batch: QueryBatch | None = None
+        self.row = 0
         self.cached = np.zeros(d.n)
-        self.quality = np.zeros(n_m)
         self.ci_region = np.zeros(n_r)
         self.ci = np.zeros(d.n)
         self._ci_region_b = self.ci_region[:, None]
         self._ci_b = self.ci.reshape(n_r, -1)
-        self.available = np.zeros(d.n, dtype=bool)
-        self.free_slots = np.zeros(d.n_pools, dtype=np.int64)
-        # e_in − e_cache, kWh/token: the recomputation energy of one missed history token.
-        self._de = d.e_in - d.e_cache
+        self._own_available = np.zeros(d.n, dtype=bool)
+        self._own_free = np.zeros(d.n_pools, dtype=np.int64)
+        self.available = self._own_available
+        self.free_slots = self._own_free
+        # (a, L, N_hist − L, N_new) of every deployment with L(a) > 0: the few entries where the
+        # costs differ from the batch's "nothing cached" terms.
+        self._hits: list[tuple[int, float, float, float]] = []
+        # Python lists: the per-hit arithmetic is scalar.
+        self._model = d.model.tolist()
+        self._v_pre = d.v_pre.tolist()
+        self._de = (d.e_in - d.e_cache).tolist()  # kWh/token
+
+    # ---- per-model and per-deployment views of the query ---------------------------------
+
+    @property
+    def n_new_m(self) -> np.ndarray:
+        return self.batch.tokens[self.row, 0]
+
+    @property
+    def n_hist_m(self) -> np.ndarray:
+        return self.batch.tokens[self.row, 1]
+
+    @property
+    def n_out_est_m(self) -> np.ndarray:
+        return self.batch.tokens[self.row, 2]
+
+    @property
+    def quality(self) -> np.ndarray:
+        return self.batch.quality[self.row]
+
+    @property
+    def n_new(self) -> np.ndarray:
+        return _gather(self.deployments, self.n_new_m)
+
+    @property
+    def n_hist(self) -> np.ndarray:
+        return _gather(self.deployments, self.n_hist_m)
+
+    @property
+    def n_out_est(self) -> np.ndarray:
+        return _gather(self.deployments, self.n_out_est_m)
+
+    # ---- filling ----------------------------------------------------------------------------
+
+    def set_ci(self, ci: np.ndarray) -> None:
+        """Set the carbon intensity of every region, gCO2e/kWh (n_regions,). The simulator calls
+        it only when the signal's value changes (once per grid step); :meth:`fill` every time."""
+        self.ci_region[:] = ci
+        np.copyto(self._ci_b, self._ci_region_b)
+
+    def fill_row(
+        self,
+        batch: QueryBatch,
+        row: int,
+        *,
+        session: int,
+        turn: int,
+        prev: int,
+        cached: Mapping[int, float],
+        available: np.ndarray,
+        free_slots: np.ndarray,
+        time_s: float = math.nan,
+    ) -> QueryContext:
+        """Point the context at query ``row`` of ``batch`` at dispatch (in place; returns
+        ``self``). The carbon intensity is set by :meth:`set_ci`.
+
+        Parameters
+        ----------
+        session, turn, prev : int
+            Session id, turn index k ≥ 0, previous serving deployment (−1 if none).
+        cached : mapping of int to int or float
+            ``{deployment: cached prefix tokens}`` of the session as the backend reports it
+            (:meth:`Backend.session_caches`; absent deployments hold none); clipped to N_hist
+            here.
+        available : ndarray of bool (n,)
+        free_slots : ndarray of int (n_pools,)
+            Used as given, not copied: the caller must not change them while the context is in
+            use.
+        time_s : float
+            Dispatch time, s since the Unix epoch (optional; for gate features).
+        """
+        self.session, self.turn, self.prev, self.time_s = session, turn, prev, time_s
+        self.batch, self.row = batch, row
+        self.available, self.free_slots = available, free_slots
+        buf = self.cached
+        for hit in self._hits:  # the dense L(a) is zero except at the hits: reset only those
+            buf[hit[0]] = 0.0
+        hits = []
+        if cached:
+            new_hist, model, n_m = batch._new_hist, self._model, batch._n_models
+            at = 2 * n_m * row  # N_new of model m at at + m, N_hist at at + n_m + m
+            for a, tokens in cached.items():
+                m = model[a]
+                hist = new_hist[at + n_m + m]
+                L = min(float(tokens), hist)
+                if L != 0.0:
+                    buf[a] = L
+                    hits.append((a, L, hist - L, new_hist[at + m]))
+        self._hits = hits
+        return self
 
     def fill(
         self,
@@ -155,7 +425,7 @@ class QueryContext:
         time_s: float = math.nan,
         check: bool = False,
     ) -> QueryContext:
-        """Overwrite the context with one query (in place; returns ``self``).
+        """Overwrite the context with one query given per model (in place; returns ``self``).
 
         Parameters
         ----------
@@ -172,24 +442,28 @@ class QueryContext:
             Carbon intensity of each region at dispatch, gCO2e/kWh.
         available : array_like of bool (n,)
         free_slots : array_like of int (n_pools,)
+            Copied into the context's own buffers (shapes are checked by the copies).
         time_s : float
             Dispatch time, s since the Unix epoch (optional; for gate features).
         check : bool
-            Validate the values (:meth:`validate`); shapes are always checked by the copies.
+            Validate the values (:meth:`validate`).
         """
-        self.session, self.turn, self.prev, self.time_s = int(session), int(turn), int(prev), time_s
-        self.n_new_m[:] = n_new
-        self.n_hist_m[:] = n_hist
-        self.n_out_est_m[:] = n_out_est
-        np.copyto(self._tok_b, self._tok_m_b)
-        np.minimum(cached, self.n_hist, out=self.cached)
-        self.quality[:] = quality
-        self.ci_region[:] = ci
-        np.copyto(self._ci_b, self._ci_region_b)
-        np.copyto(self.available, available)
-        np.copyto(self.free_slots, free_slots)
+        n_m = len(self.deployments.models)
+        per_model = [np.broadcast_to(np.asarray(x, dtype=np.float64), (n_m,))[None]
+                     for x in (n_new, n_hist, n_out_est, quality)]
+        batch = QueryBatch(self.deployments, *per_model, check=False)
+        raw = np.asarray(cached, dtype=np.float64)
+        if raw.shape != (self.n,):
+            raise ValueError(f"QueryContext: cached must have shape ({self.n},), got {raw.shape}")
+        np.copyto(self._own_available, available)
+        np.copyto(self._own_free, free_slots)
+        self.set_ci(ci)
+        at = np.flatnonzero(raw)
+        self.fill_row(batch, 0, session=int(session), turn=int(turn), prev=int(prev),
+                      cached=dict(zip(at.tolist(), raw[at].tolist(), strict=True)),
+                      available=self._own_available, free_slots=self._own_free, time_s=time_s)
         if check:
-            self.validate(raw_cached=cached)
+            self.validate(raw_cached=raw)
         return self
 
     @classmethod
@@ -225,7 +499,9 @@ class QueryContext:
 class Candidates:
     """Cost estimates of one query on every deployment and its candidate set (spec §5, §6a.1–2).
 
-    Written by :func:`feasibility` (in place when passed as ``out``).
+    Written by :func:`feasibility` (in place when passed as ``out``). ``mask`` and the flags are
+    set by it; ``ok`` and each cost array are computed on their first access after it (a policy
+    reads one or two of them), from the query's context, which must not be refilled meanwhile.
 
     Attributes
     ----------
@@ -245,37 +521,134 @@ class Candidates:
         ``ok`` deployments with the minimum TTFT; all False when rejected.
     best_effort, rejected : bool
         No ``ok`` deployment met the TTFT bound / no deployment is ``ok``.
+
+    The arrays are read-only to policies (some are views of the batch).
     """
 
-    __slots__ = ("n", "energy", "energy_base", "carbon", "carbon_base", "miss", "ttft",
-                 "ok", "mask", "best_effort", "rejected", "_buf", "_okm")
+    __slots__ = ("n", "mask", "best_effort", "rejected", "_ctx", "_ok_row", "_buf",
+                 "_ok", "_energy", "_carbon", "_carbon_base", "_miss", "_ttft",
+                 "_o", "_e", "_eb", "_c", "_cb", "_m", "_t", "_he")
 
     def __init__(self, n: int) -> None:
         self.n = n
-        (self.energy, self.energy_base, self.carbon, self.carbon_base, self.miss, self.ttft,
-         self._buf) = np.zeros((7, n))
-        self.ok = np.zeros(n, dtype=bool)
+        # Buffers; the cost arrays of the current query are in _e, _eb, ... (None: not yet).
+        (self._energy, self._carbon, self._carbon_base, self._miss, self._ttft,
+         self._buf) = np.zeros((6, n))
+        self._ok = np.zeros(n, dtype=bool)
         self.mask = np.zeros(n, dtype=bool)
-        self._okm = np.zeros(n, dtype=bool)
         self.best_effort = False
         self.rejected = False
+        self._ctx: QueryContext | None = None
+        self._ok_row: np.ndarray | None = None
+        self._o = self._e = self._eb = self._c = self._cb = self._m = self._t = self._he = None
+
+    def _bind(self, ctx: QueryContext, ok_row: np.ndarray) -> None:
+        self._ctx, self._ok_row = ctx, ok_row
+        self._o = self._e = self._eb = self._c = self._cb = self._m = self._t = self._he = None
+
+    @property
+    def ok(self) -> np.ndarray:
+        if self._o is None:
+            self._o = np.logical_and(self._ok_row, self._ctx.available, out=self._ok)
+        return self._o
+
+    @property
+    def energy_base(self) -> np.ndarray:
+        if self._eb is None:
+            ctx = self._ctx
+            self._eb = ctx.batch.energy_base[ctx.row]
+        return self._eb
+
+    def _hit_energy(self) -> list[tuple[int, float]]:
+        """(a, E(a)) where part of the history is cached, the only entries where E differs from
+        the batch's nothing-cached energy: (e_in − e_cache)·(N_hist − L) + E_base, computed as
+        the batch computes it with L = 0."""
+        if self._he is None:
+            ctx = self._ctx
+            eb, de = ctx.batch.energy_base[ctx.row], ctx._de
+            self._he = [(a, de[a] * miss + float(eb[a])) for a, _, miss, _ in ctx._hits]
+        return self._he
+
+    @property
+    def energy(self) -> np.ndarray:
+        if self._e is None:
+            ctx = self._ctx
+            e = ctx.batch.energy_uncached[ctx.row]
+            if ctx._hits:
+                np.copyto(self._energy, e)
+                e = self._energy
+                for a, e_a in self._hit_energy():
+                    e[a] = e_a
+            self._e = e
+        return self._e
+
+    def energy_of(self, a: int) -> float:
+        """E(a) of one deployment, kWh: ``float(energy[a])`` without computing the array."""
+        if self._e is not None:
+            return float(self._e[a])
+        ctx = self._ctx
+        if ctx._hits:
+            for b, e_b in self._hit_energy():
+                if b == a:
+                    return e_b
+        return float(ctx.batch.energy_uncached[ctx.row, a])
+
+    @property
+    def carbon(self) -> np.ndarray:
+        if self._c is None:
+            ctx = self._ctx
+            if self._e is not None or not ctx._hits:
+                self._c = np.multiply(ctx.ci, self.energy, out=self._carbon)
+            else:  # CI·E from the nothing-cached energy, patched where it differs
+                c = np.multiply(ctx.ci, ctx.batch.energy_uncached[ctx.row], out=self._carbon)
+                ci = ctx.ci
+                for a, e_a in self._hit_energy():
+                    c[a] = ci[a] * e_a
+                self._c = c
+        return self._c
+
+    @property
+    def carbon_base(self) -> np.ndarray:
+        if self._cb is None:
+            self._cb = np.multiply(self._ctx.ci, self.energy_base, out=self._carbon_base)
+        return self._cb
+
+    @property
+    def miss(self) -> np.ndarray:
+        if self._m is None:
+            ctx, miss = self._ctx, self._miss
+            np.take(ctx.n_hist_m, ctx.deployments.model, out=miss)
+            for a, _, m, _ in ctx._hits:
+                miss[a] = m
+            self._m = miss
+        return self._m
+
+    @property
+    def ttft(self) -> np.ndarray:
+        if self._t is None:
+            # (N_new + (N_hist − L)) / v_pre, a division as in cost.ttft_s (see _checks).
+            ctx, t = self._ctx, self._ttft
+            np.take(ctx.n_new_m, ctx.deployments.model, out=t)
+            np.add(t, self.miss, out=t)
+            self._t = np.divide(t, ctx.deployments.v_pre, out=t)
+        return self._t
 
     def argmin(self, values: np.ndarray) -> int:
         """Index of the smallest of ``values`` over the candidate set (first one on ties), or
         −1 if the set is empty. ``values`` must not hold +inf at candidates."""
-        buf = self._buf
-        buf.fill(np.inf)
-        np.copyto(buf, values, where=self.mask)
-        a = int(buf.argmin())
-        return a if self.mask[a] else -1
+        buf, mask = self._buf, self.mask
+        buf.fill(_INF)
+        _copyto(buf, values, where=mask)
+        a = buf.argmin()
+        return int(a) if mask[a] else -1
 
     def argmin_in(self, values: np.ndarray, start: int, stop: int) -> int:
         """As :meth:`argmin`, restricted to the index range [start, stop) (a region's block)."""
-        buf = self._buf
-        buf.fill(np.inf)
-        np.copyto(buf, values, where=self.mask)
+        buf, mask = self._buf, self.mask
+        buf.fill(_INF)
+        _copyto(buf, values, where=mask)
         a = start + int(buf[start:stop].argmin())
-        return a if self.mask[a] else -1
+        return a if mask[a] else -1
 
 
 def feasibility(
@@ -299,52 +672,38 @@ def feasibility(
         quality-feasible (Q(m) ≥ β_Q·max Q), N_new + N_hist + N_out_est ≤ its context window and
         TTFT ≤ D_TTFT (all inclusive). If no deployment meets the TTFT bound but some meet the
         rest, the candidates are those among them with the minimum TTFT (``best_effort``); if
-        none meets the rest, the set is empty (``rejected``).
+        none meets the rest, the set is empty (``rejected``). The cost arrays are computed on
+        first access (:class:`Candidates`).
     """
     cfg = _DEFAULT_CONSTRAINTS if config is None else config
     c = Candidates(ctx.n) if out is None else out
-    d = ctx.deployments
-    buf, eb = c._buf, c.energy_base
-    # Cost model: cost.py's Eq. 4–6 written into preallocated buffers.
-    np.subtract(ctx.n_hist, ctx.cached, out=c.miss)
-    # E_base = e_in·N_new + e_cache·N_hist + e_out·N_out (cost.energy_base_kwh)
-    np.multiply(d.e_in, ctx.n_new, out=eb)
-    np.multiply(d.e_cache, ctx.n_hist, out=buf)
-    np.add(eb, buf, out=eb)
-    np.multiply(d.e_out, ctx.n_out_est, out=buf)
-    np.add(eb, buf, out=eb)
-    # E = E_base + (e_in − e_cache)·(N_hist − L): Eq. 4 regrouped (equal to cost.energy_kwh up
-    # to rounding; deployments with the same profile and L get bit-identical values, so exact
-    # ties stay exact).
-    np.multiply(ctx._de, c.miss, out=c.energy)
-    np.add(c.energy, eb, out=c.energy)
-    np.multiply(ctx.ci, c.energy, out=c.carbon)
-    np.multiply(ctx.ci, eb, out=c.carbon_base)
-    # TTFT = (N_new + N_hist − L) / v_pre, a division as in cost.ttft_s, so that the inclusive
-    # bound agrees exactly with a hand computation.
-    np.add(ctx.n_new, c.miss, out=c.ttft)
-    np.divide(c.ttft, d.v_pre, out=c.ttft)
-    # Every constraint but TTFT: quality (Q ≥ β_Q·max Q, as quality.feasible_models), availability,
-    # context window (N_new + N_hist + N_out_est ≤ window).
-    q = ctx.quality
-    qok = q >= cfg.beta_q * max(q.tolist())
-    np.logical_and(qok[d.model], ctx.available, out=c.ok)
-    np.add(ctx.n_new, ctx.n_hist, out=buf)
-    np.add(buf, ctx.n_out_est, out=buf)
-    np.less_equal(buf, d.context_window, out=c._okm)
-    np.logical_and(c.ok, c._okm, out=c.ok)
-    np.less_equal(c.ttft, cfg.d_ttft_s, out=c.mask)
-    np.logical_and(c.mask, c.ok, out=c.mask)
+    batch, row = ctx.batch, ctx.row
+    if cfg is batch.config:  # the usual case, spelled out: the batch's precomputed rows
+        ok_row, fast_row = batch.ok[row], batch.fast[row]
+    else:
+        ok_row, fast_row = batch.checks(row, cfg)
+    avail, mask = ctx.available, c.mask
+    np.logical_and(fast_row, avail, out=mask)
+    if ctx._hits:
+        # Where part of the history is cached the TTFT is shorter than the batch's: recheck it,
+        # (N_new + (N_hist − L)) / v_pre as in Candidates.ttft.
+        v_pre, d_max = ctx._v_pre, cfg.d_ttft_s
+        for a, _, miss, new in ctx._hits:
+            if ok_row[a] and avail[a]:
+                mask[a] = (new + miss) / v_pre[a] <= d_max
+    c._bind(ctx, ok_row)
     c.rejected = False
     c.best_effort = False
-    if not np.count_nonzero(c.mask):
-        if not np.count_nonzero(c.ok):
+    if not np.count_nonzero(mask):
+        ok = c.ok
+        if not np.count_nonzero(ok):
             c.rejected = True
         else:
             # Best-effort (§6a.2): the ok deployments with the shortest estimated TTFT.
+            buf = c._buf
             buf.fill(np.inf)
-            np.copyto(buf, c.ttft, where=c.ok)
-            np.equal(buf, buf[buf.argmin()], out=c.mask)
+            np.copyto(buf, c.ttft, where=ok)
+            np.equal(buf, buf[buf.argmin()], out=mask)
             c.best_effort = True
     return c
 

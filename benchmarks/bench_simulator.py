@@ -1,0 +1,178 @@
+"""Speed and memory of the trace-driven replay (a measurement, not a test).
+
+Measures, on ONE pinned core with BLAS/OpenMP threads fixed to 1 (set before numpy is imported):
+
+(a) decision latency per query and policy — context build (carbon lookup, the backend's caches,
+    availability and free slots), feasibility and the policy's choice — timed per call with
+    ``time.perf_counter_ns`` inside a full replay (``simulate(..., time_decisions=True)``) over
+    the real contexts of every query; p50 / p99 / mean in µs, over all 60 deployments;
+(b) end-to-end replay throughput per policy on the full ShareGPT workload: one ``simulate`` call
+    (capacity from the trace, precomputation, replay, records), the workload table and the
+    carbon signal loaded beforehand; queries/s and wall time, median (and best) of ``--repeats``;
+(c) peak memory: the process's peak resident set (``getrusage``, covers every replay run here,
+    the largest being 120 deployments × the full workload) and the Python-allocation peak of one
+    replay (``tracemalloc``) of the default setting;
+(d) scaling of (b) with the number of regions (2, 4, 8 → 30, 60, 120 deployments; 2022
+    Electricity Maps zones added to the paper's regions) and of sessions (1K, 3K, all).
+
+Run with ``.venv/bin/python benchmarks/bench_simulator.py`` (``--quick`` for fewer repeats).
+Prints a table and writes ``results/benchmarks/simulator.{csv,parquet}``. Targets (the issue):
+decision p50 ≤ 10 µs and p99 ≤ 50 µs, throughput ≥ 50,000 queries/s for FairCarbon and
+CarbonRouter; peak memory < 2 GiB.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Thread pools are sized when numpy loads its BLAS: pin them before the first numpy import.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+             "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import platform  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+import tracemalloc  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from carbonrouter_lib import prepared, simulator  # noqa: E402
+from carbonrouter_lib.carbon import REGION_SETS, CarbonConfig, CarbonSignal  # noqa: E402
+from carbonrouter_lib.outputs import save_table  # noqa: E402
+from carbonrouter_lib.policies import POLICIES  # noqa: E402
+
+#: Region sets of the scaling runs: the paper's four, its first two, and four more Electricity
+#: Maps zones with 2022 data (AT comes from ENTSO-E, as in every run).
+REGIONS = {
+    2: REGION_SETS["paper"][:2],
+    4: REGION_SETS["paper"],
+    8: REGION_SETS["paper"] + ("CH", "DE", "FR", "NL"),
+}
+SESSIONS = (1000, 3000, None)  # None: all
+TARGET_POLICIES = ("faircarbon", "carbonrouter")
+
+
+def _row(measurement: str, policy: str, table: pd.DataFrame, n_regions: int, statistic: str,
+         value: float, unit: str, n_sessions: int | None = None) -> dict:
+    return {
+        "measurement": measurement, "policy": policy, "n_regions": n_regions,
+        "n_deployments": 15 * n_regions,
+        "n_sessions": int(table["session"].nunique()) if n_sessions is None else n_sessions,
+        "n_queries": len(table), "statistic": statistic, "value": float(value), "unit": unit,
+    }
+
+
+def decision_latency(table: pd.DataFrame, signal: CarbonSignal) -> list[dict]:
+    """(a): per-query decision time of every policy over a full replay, µs."""
+    rows = []
+    for name in POLICIES:
+        res = simulator.simulate(table, name, signal=signal, time_decisions=True)
+        us = res.decision_ns / 1e3
+        for stat, value in (("p50", np.percentile(us, 50)), ("p99", np.percentile(us, 99)),
+                            ("mean", us.mean()), ("max", us.max())):
+            rows.append(_row("decision_latency", name, table, 4, stat, value, "us"))
+    return rows
+
+
+def throughput(table: pd.DataFrame, policies, signal: CarbonSignal, regions: tuple[str, ...],
+               repeats: int, measurement: str) -> list[dict]:
+    """(b), (d): wall time of ``simulate`` per policy, median and best of ``repeats``."""
+    config = simulator.SimulationConfig(regions=regions)
+    rows = []
+    for name in policies:
+        walls = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            simulator.simulate(table, name, config, signal=signal)
+            walls.append(time.perf_counter() - t0)
+        med, best = statistics.median(walls), min(walls)
+        for stat, value, unit in (("median_wall", med, "s"), ("best_wall", best, "s"),
+                                  ("median_rate", len(table) / med, "queries/s"),
+                                  ("best_rate", len(table) / best, "queries/s")):
+            rows.append(_row(measurement, name, table, len(regions), stat, value, unit))
+    return rows
+
+
+def replay_allocations(table: pd.DataFrame, signal: CarbonSignal) -> list[dict]:
+    """(c): Python-allocation peak of one default replay (tracemalloc; slows the run)."""
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    simulator.simulate(table, "carbonrouter", signal=signal)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return [_row("memory", "carbonrouter", table, 4, "tracemalloc_peak_replay", peak / 2**20,
+                 "MiB")]
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--results-dir", default=str(Path(__file__).resolve().parents[1]
+                                                      / "results" / "benchmarks"))
+    parser.add_argument("--repeats", type=int, default=3, help="replays per throughput cell")
+    parser.add_argument("--quick", action="store_true", help="1 repeat, no session scaling")
+    parser.add_argument("--cpu", type=int, default=None,
+                        help="core to pin to (default: the last one this process may use)")
+    args = parser.parse_args(argv)
+    repeats = 1 if args.quick else args.repeats
+
+    allowed = sorted(os.sched_getaffinity(0))
+    cpu = allowed[-1] if args.cpu is None else args.cpu
+    os.sched_setaffinity(0, {cpu})
+    print(f"pinned to CPU {cpu} of {allowed}; Python {platform.python_version()}, "
+          f"numpy {np.__version__}; threads: OMP/BLAS = 1")
+
+    full = prepared.prepare_workload(prepared.WorkloadConfig(dataset="sharegpt"))
+    signals = {k: CarbonSignal.from_config(CarbonConfig(year=2022, regions=r))
+               for k, r in REGIONS.items()}
+    rows = []
+    t0 = time.perf_counter()
+    rows += decision_latency(full, signals[4])
+    rows += throughput(full, list(POLICIES), signals[4], REGIONS[4], repeats, "throughput")
+    for k in (2, 8):
+        rows += throughput(full, TARGET_POLICIES, signals[k], REGIONS[k], repeats,
+                           "scaling_regions")
+    if not args.quick:
+        for n_s in SESSIONS[:-1]:
+            table = prepared.prepare_workload(
+                prepared.WorkloadConfig(dataset="sharegpt", n_sessions=n_s, seed=0))
+            rows += throughput(table, TARGET_POLICIES, signals[4], REGIONS[4], repeats,
+                               "scaling_sessions")
+    # ru_maxrss is in KiB on Linux: the peak over every replay above (the largest: 120
+    # deployments × the full workload).
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
+    rows.append(_row("memory", "all", full, 8, "peak_rss_process", rss, "MiB"))
+    rows += replay_allocations(full, signals[4])
+    elapsed = time.perf_counter() - t0
+
+    result = pd.DataFrame(rows)
+    save_table(result, "simulator", args.results_dir)
+    _print(result)
+    print(f"\n{elapsed:.0f} s; written to {args.results_dir}/simulator.csv")
+    return result
+
+
+def _print(result: pd.DataFrame) -> None:
+    with pd.option_context("display.width", 140, "display.max_rows", 200, "display.max_columns", 20,
+                           "display.float_format", "{:,.2f}".format):
+        lat = result[result.measurement == "decision_latency"]
+        print("\n(a) decision latency per query, µs (60 deployments, full ShareGPT)")
+        print(lat.pivot(index="policy", columns="statistic", values="value")
+              [["p50", "p99", "mean", "max"]])
+        rate = result[result.statistic.isin(["median_rate", "best_rate", "median_wall"])]
+        print("\n(b, d) replay throughput (queries/s) and median wall time (s)")
+        print(rate.pivot_table(index=["measurement", "n_deployments", "n_sessions",
+                                      "n_queries", "policy"],
+                               columns="statistic", values="value", sort=False))
+        mem = result[result.measurement == "memory"]
+        print("\n(c) memory")
+        print(mem[["policy", "n_deployments", "statistic", "value", "unit"]]
+              .to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()
