@@ -1,0 +1,562 @@
+"""Sweeps: many independent replays (policy × parameter cell × seed) on a Dask cluster, cached.
+
+A :class:`RunSpec` names one replay completely: the workload (:class:`~.prepared.WorkloadConfig`
+fields), the setting (:class:`~.simulator.SimulationConfig` fields), the policy and its
+parameters, and the seed. :func:`run_one` executes it and returns the per-query records.
+:func:`run_sweep` runs a list of specs through ``dask.distributed`` — a ``LocalCluster`` sized to
+the machine by default, or any running scheduler given by address (argument or the environment
+variable :data:`SCHEDULER_ENV`), so a notebook runs unchanged on a real cluster — and caches every
+result on disk under the spec's :meth:`RunSpec.key`:
+
+- ``<cache_dir>/<key>.parquet`` (the records) and ``<cache_dir>/<key>.json`` (the spec). Both are
+  written atomically, the parquet first; the JSON sidecar is the commit marker, so a run counts
+  as complete only when both exist (a parquet without its sidecar, or a stray temporary file, is a
+  partial result and is recomputed).
+- Each result is written as soon as it arrives, so an interrupted sweep resumes without redoing
+  finished runs.
+
+The parent process builds every prepared workload and carbon signal before submitting (both are
+parquet-cached in :func:`~.datasets.derived_dir`), so workers only read those caches; a worker
+keeps the tables it has read in a small module-level cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import itertools
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from carbonrouter_lib import metrics, workload
+from carbonrouter_lib.carbon import CarbonConfig, CarbonSignal
+from carbonrouter_lib.datasets import derived_dir
+from carbonrouter_lib.outputs import atomic_path
+from carbonrouter_lib.policies import POLICIES, make_policy
+from carbonrouter_lib.prepared import CODE_VERSION as PREPARED_CODE_VERSION
+from carbonrouter_lib.prepared import WorkloadConfig, prepare_workload
+from carbonrouter_lib.simulator import SimulationConfig, backend_config, simulate
+
+__all__ = [
+    "CODE_VERSION",
+    "SCHEDULER_ENV",
+    "RunSpec",
+    "SweepResults",
+    "cell_savings",
+    "default_cache_dir",
+    "grid_specs",
+    "is_complete",
+    "run_one",
+    "run_sweep",
+]
+
+#: Bump when the replay's results change for the same parameters (simulator, backend, policies,
+#: cost model, metrics columns), so that cached sweep results are not reused. The prepared
+#: workload's own code version is part of every key as well.
+CODE_VERSION = "1"
+#: Environment variable holding the address of a running Dask scheduler (e.g.
+#: ``tcp://10.0.0.5:8786``); used when ``run_sweep`` gets no client or address.
+SCHEDULER_ENV = "CARBONROUTER_DASK_SCHEDULER"
+
+
+def _canonical(obj: Any) -> Any:
+    """Plain JSON form (tuples → lists, numpy scalars → Python) or a clear error."""
+    try:
+        return json.loads(json.dumps(obj, sort_keys=True, allow_nan=True,
+                                     default=_json_default))
+    except TypeError as exc:
+        raise TypeError(f"RunSpec: parameters must be JSON-serializable: {exc}") from None
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
+        return obj.item()
+    raise TypeError(f"{obj!r} ({type(obj).__name__}) is not JSON-serializable")
+
+
+def _floats_as_declared(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    """Cast fields whose default is a float to float, so ``kappa=6`` and ``kappa=6.0`` (the same
+    run) give the same key."""
+    for f in dataclasses.fields(cls):
+        if isinstance(f.default, float) and isinstance(d.get(f.name), int) and not isinstance(
+            d.get(f.name), bool
+        ):
+            d[f.name] = float(d[f.name])
+    return d
+
+
+def _workload_config(d: Mapping[str, Any], seed: int) -> WorkloadConfig:
+    d = dict(d)
+    arrival = d.pop("arrival", None)
+    if isinstance(arrival, Mapping):
+        arrival = workload.ArrivalConfig(**arrival)
+    if arrival is not None:
+        d["arrival"] = arrival
+    return WorkloadConfig(**d, seed=seed)
+
+
+def _simulation_config(d: Mapping[str, Any]) -> SimulationConfig:
+    d = dict(d)
+    if "regions" in d:
+        d["regions"] = tuple(d["regions"])
+    return SimulationConfig(**d)
+
+
+@dataclass(frozen=True, eq=False)
+class RunSpec:
+    """One replay of a sweep: workload, setting, policy with its parameters, and seed.
+
+    Construct it from config objects with :meth:`make` (or from plain dicts directly). On
+    construction the dicts are validated by building the configs and stored in canonical,
+    complete form (every field, defaults filled in), so equal runs have equal keys however they
+    were written.
+
+    Attributes
+    ----------
+    workload
+        :class:`~.prepared.WorkloadConfig` fields except ``seed`` (``arrival`` as a dict).
+    simulation
+        :class:`~.simulator.SimulationConfig` fields.
+    policy
+        Registry name (:data:`carbonrouter_lib.policies.POLICIES`).
+    policy_params
+        Keyword arguments of the policy (JSON-serializable: a learned gate must be passed by
+        reference, e.g. a path, not as an object).
+    seed
+        Seed of the run: the workload's seed (session sampling, start times, think times).
+        Policies are deterministic given the workload.
+    """
+
+    workload: Mapping[str, Any]
+    simulation: Mapping[str, Any]
+    policy: str
+    policy_params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise KeyError(f"RunSpec: unknown policy {self.policy!r}; one of {sorted(POLICIES)}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise TypeError(f"RunSpec.seed must be an int, got {self.seed!r}")
+        if "seed" in self.workload:
+            raise ValueError("RunSpec.workload must not contain 'seed': use RunSpec.seed")
+        wl = _workload_config(self.workload, self.seed).to_dict()
+        del wl["seed"]
+        wl["arrival"] = _floats_as_declared(workload.ArrivalConfig, wl["arrival"])
+        sim = _floats_as_declared(SimulationConfig,
+                                  _simulation_config(self.simulation).to_dict())
+        params = _canonical(dict(self.policy_params))
+        make_policy(self.policy, **params)  # fails early, in the parent, on bad parameters
+        object.__setattr__(self, "workload", _canonical(wl))
+        object.__setattr__(self, "simulation", _canonical(sim))
+        object.__setattr__(self, "policy_params", params)
+
+    @classmethod
+    def make(
+        cls,
+        workload_config: WorkloadConfig,
+        simulation_config: SimulationConfig,
+        policy: str,
+        policy_params: Mapping[str, Any] | None = None,
+    ) -> RunSpec:
+        """The spec of ``policy`` on these configs (the seed is ``workload_config.seed``)."""
+        wl = workload_config.to_dict()
+        seed = wl.pop("seed")
+        return cls(wl, simulation_config.to_dict(), policy, dict(policy_params or {}), seed)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form (what the sidecar file holds, less the key and code version)."""
+        return {"workload": self.workload, "simulation": self.simulation,
+                "policy": self.policy, "policy_params": self.policy_params, "seed": self.seed}
+
+    def key(self) -> str:
+        """SHA-256 (hex, 64 characters) of the canonical JSON of the spec and the code versions."""
+        text = json.dumps({"spec": self.to_dict(), "code": CODE_VERSION,
+                           "prepared_code": PREPARED_CODE_VERSION},
+                          sort_keys=True, separators=(",", ":"), allow_nan=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def workload_config(self) -> WorkloadConfig:
+        """The :class:`~.prepared.WorkloadConfig` of this run."""
+        return _workload_config(self.workload, self.seed)
+
+    def simulation_config(self) -> SimulationConfig:
+        """The :class:`~.simulator.SimulationConfig` of this run."""
+        return _simulation_config(self.simulation)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunSpec) and self.key() == other.key()
+
+    def __hash__(self) -> int:
+        return hash(self.key())
+
+
+# ---------------------------------------------------------------------------------------------
+# One run (executed on a worker)
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4)
+def _signal(year: int, regions: tuple[str, ...]) -> CarbonSignal:
+    # One signal per worker process and setting (built from its parquet cache).
+    return CarbonSignal.from_config(CarbonConfig(year=year, regions=regions))
+
+
+@functools.lru_cache(maxsize=4)
+def _table(workload_key: str, config: WorkloadConfig) -> pd.DataFrame:
+    # Keyed by the config's hash; the config itself is hashable (frozen) and carried along.
+    return prepare_workload(config)
+
+
+def run_one(spec: RunSpec) -> pd.DataFrame:
+    """Replay ``spec`` and return its per-query records (:data:`.metrics.RECORD_COLUMNS` plus
+    ``policy``), in dispatch order. Reads (or, if missing, builds) the prepared workload and the
+    carbon signal from their parquet caches."""
+    wl = spec.workload_config()
+    sim = spec.simulation_config()
+    table = _table(wl.key(), wl)
+    signal = _signal(sim.carbon_year, sim.regions)
+    policy = make_policy(spec.policy, **spec.policy_params)
+    res = simulate(table, policy, sim, signal=signal, backend=backend_config(table, sim))
+    records = res.records.reset_index(drop=True)
+    records.attrs = {}
+    return records
+
+
+# ---------------------------------------------------------------------------------------------
+# The on-disk cache
+# ---------------------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> Path:
+    """``derived_dir()/"sweeps"``: where sweep results are cached by default."""
+    return derived_dir() / "sweeps"
+
+
+def _paths(cache_dir: Path, key: str) -> tuple[Path, Path]:
+    return cache_dir / f"{key}.parquet", cache_dir / f"{key}.json"
+
+
+def is_complete(spec: RunSpec, cache_dir: str | os.PathLike | None = None) -> bool:
+    """Whether ``spec``'s result is in the cache: its parquet *and* its JSON sidecar exist (the
+    sidecar is written last, so a parquet alone is an interrupted write)."""
+    records, sidecar = _paths(Path(cache_dir or default_cache_dir()), spec.key())
+    return records.is_file() and sidecar.is_file()
+
+
+def _write_result(cache_dir: Path, spec: RunSpec, records: pd.DataFrame) -> None:
+    key = spec.key()
+    records_path, sidecar = _paths(cache_dir, key)
+    with atomic_path(records_path) as tmp:
+        records.to_parquet(tmp, index=False)
+    meta = {"key": key, "code": CODE_VERSION, "prepared_code": PREPARED_CODE_VERSION,
+            "spec": spec.to_dict(), "n_records": len(records)}
+    with atomic_path(sidecar) as tmp:
+        tmp.write_text(json.dumps(meta, indent=1, allow_nan=True))
+
+
+def _read_result(cache_dir: Path, spec: RunSpec) -> pd.DataFrame:
+    records_path, sidecar = _paths(cache_dir, spec.key())
+    meta = json.loads(sidecar.read_text())
+    records = pd.read_parquet(records_path)
+    if meta.get("n_records") != len(records):
+        raise ValueError(f"{records_path}: {len(records)} records but its sidecar {sidecar} says "
+                         f"{meta.get('n_records')}; delete both to recompute")
+    return records
+
+
+# ---------------------------------------------------------------------------------------------
+# The sweep
+# ---------------------------------------------------------------------------------------------
+
+
+class SweepResults(dict):
+    """``{spec key: records}`` of a sweep, with how it went.
+
+    Attributes
+    ----------
+    specs
+        ``{key: RunSpec}`` of every result.
+    n_cached, n_computed
+        Runs read from the cache and runs executed by this call.
+    wall_s
+        Wall time of the call, s.
+    """
+
+    specs: dict[str, RunSpec]
+    n_cached: int = 0
+    n_computed: int = 0
+    wall_s: float = math.nan
+
+
+def _prepare_inputs(specs: Iterable[RunSpec]) -> None:
+    """Build every prepared workload and carbon signal once, in this process, so that workers
+    only read their parquet caches (and never build the same one concurrently)."""
+    done: set[str] = set()
+    for spec in specs:
+        wl, sim = spec.workload_config(), spec.simulation_config()
+        tag = f"{wl.key()}|{sim.carbon_year}|{sim.regions}"
+        if tag not in done:
+            prepare_workload(wl)
+            CarbonSignal.from_config(CarbonConfig(year=sim.carbon_year, regions=sim.regions))
+            done.add(tag)
+
+
+def _connect(address: str, connect_timeout: str):
+    from distributed import Client
+
+    try:
+        return Client(address, timeout=connect_timeout)
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise ConnectionError(
+            f"run_sweep: cannot connect to the Dask scheduler at {address!r} (from the argument "
+            f"or ${SCHEDULER_ENV}) within {connect_timeout}: {exc}"
+        ) from None
+
+
+def run_sweep(
+    specs: Iterable[RunSpec],
+    client: Any = None,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+    serial: bool = False,
+    n_workers: int | None = None,
+    connect_timeout: str = "10s",
+    on_submit: Callable[[list[RunSpec]], None] | None = None,
+) -> SweepResults:
+    """Run every spec not yet in the cache through Dask and return all results.
+
+    Parameters
+    ----------
+    specs
+        The runs; duplicates (equal keys) run once.
+    client
+        Where to run: a ``distributed.Client``; a Dask cluster object (e.g. a ``LocalCluster``,
+        left running); a scheduler address string; or None — then the address in
+        ``$CARBONROUTER_DASK_SCHEDULER`` if set, else a ``LocalCluster(n_workers, 1 thread per
+        worker, processes)`` created for this call and closed at its end.
+    cache_dir
+        Result cache (default :func:`default_cache_dir`).
+    progress
+        Show a tqdm bar over runs (cached runs count as done from the start).
+    serial
+        Run the missing specs in this process, one after the other, without Dask (debugging, and
+        the oracle of the tests).
+    n_workers
+        Workers of the default LocalCluster (default: ``os.cpu_count()``).
+    connect_timeout
+        How long to wait for a scheduler given by address (Dask duration string).
+    on_submit
+        Called once with the specs about to run (after the cache check), e.g. to count them.
+
+    Returns
+    -------
+    SweepResults
+        ``{key: records}`` for every spec (see :class:`SweepResults`).
+
+    Raises
+    ------
+    ConnectionError
+        The scheduler address cannot be reached.
+    RuntimeError
+        Some runs failed; every successful run has been cached first, the first failure is
+        chained.
+    """
+    t0 = time.perf_counter()
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    unique: dict[str, RunSpec] = {}
+    for spec in specs:
+        if not isinstance(spec, RunSpec):
+            raise TypeError(f"run_sweep: expected RunSpec, got {type(spec).__name__}")
+        unique.setdefault(spec.key(), spec)
+    results = SweepResults()
+    results.specs = dict(unique)
+    pending = [s for k, s in unique.items() if not is_complete(s, cache)]
+    cached = [s for k, s in unique.items() if k not in {p.key() for p in pending}]
+    for spec in cached:
+        results[spec.key()] = _read_result(cache, spec)
+    results.n_cached = len(cached)
+    if on_submit is not None:
+        on_submit(list(pending))
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(unique), initial=len(cached), desc="sweep", unit="run",
+                   mininterval=2.0)
+    failures: list[tuple[RunSpec, BaseException]] = []
+
+    def finish(spec: RunSpec, records: pd.DataFrame) -> None:
+        _write_result(cache, spec, records)
+        results[spec.key()] = _read_result(cache, spec)  # what a resumed sweep would return
+        results.n_computed += 1
+        if bar is not None:
+            bar.update(1)
+
+    try:
+        if pending:
+            _prepare_inputs(pending)
+        if pending and serial:
+            for spec in pending:
+                try:
+                    finish(spec, run_one(spec))
+                except Exception as exc:  # noqa: BLE001 — collected, re-raised below
+                    failures.append((spec, exc))
+        elif pending:
+            _run_distributed(pending, client, n_workers, connect_timeout, finish, failures)
+    finally:
+        if bar is not None:
+            bar.close()
+    results.wall_s = time.perf_counter() - t0
+    if failures:
+        spec, exc = failures[0]
+        raise RuntimeError(
+            f"run_sweep: {len(failures)} of {len(pending)} runs failed (the others are cached); "
+            f"first: policy {spec.policy!r}, key {spec.key()[:16]}…: {exc!r}"
+        ) from exc
+    return results
+
+
+def _run_distributed(
+    pending: list[RunSpec],
+    client: Any,
+    n_workers: int | None,
+    connect_timeout: str,
+    finish: Callable[[RunSpec, pd.DataFrame], None],
+    failures: list[tuple[RunSpec, BaseException]],
+) -> None:
+    from distributed import Client, LocalCluster, as_completed
+
+    with ExitStack() as stack:
+        if isinstance(client, Client):
+            pass
+        elif isinstance(client, str):
+            client = stack.enter_context(_connect(client, connect_timeout))
+        elif client is not None and hasattr(client, "scheduler_address"):  # a Cluster object
+            client = stack.enter_context(Client(client))
+        elif client is None and os.environ.get(SCHEDULER_ENV):
+            client = stack.enter_context(_connect(os.environ[SCHEDULER_ENV], connect_timeout))
+        elif client is None:
+            cluster = stack.enter_context(LocalCluster(
+                n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=1,
+                processes=True, dashboard_address=None,
+            ))
+            client = stack.enter_context(Client(cluster))
+        else:
+            raise TypeError(f"run_sweep: client must be a distributed.Client, a cluster, an "
+                            f"address or None, got {type(client).__name__}")
+        by_key = {s.key(): s for s in pending}
+        # Explicit keys: the same run submitted twice (e.g. two notebooks on one cluster) is
+        # computed once by the scheduler.
+        futures = client.map(run_one, pending, key=[f"carbonrouter-run-{k}" for k in by_key])
+        spec_of = {f.key: s for f, s in zip(futures, pending, strict=True)}
+        for future in as_completed(futures):
+            spec = spec_of[future.key]
+            if future.status == "error":
+                failures.append((spec, future.exception()))
+            else:
+                finish(spec, future.result())
+            future.release()
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameter grids (sensitivity tables)
+# ---------------------------------------------------------------------------------------------
+
+
+def grid_specs(
+    workload_config: WorkloadConfig,
+    simulation_config: SimulationConfig,
+    axes: Mapping[str, Sequence[Any]],
+    policies: Sequence[str],
+    seeds: Sequence[int] | None = None,
+    policy_params: Mapping[str, Mapping[str, Any]] | None = None,
+) -> pd.DataFrame:
+    """The runs of a full-factorial grid over :class:`~.simulator.SimulationConfig` fields.
+
+    Parameters
+    ----------
+    workload_config, simulation_config
+        The base run; each cell replaces the ``axes`` fields of ``simulation_config``.
+    axes
+        ``{SimulationConfig field: values}``, e.g. ``{"gamma": [...], "kappa": [...]}``.
+    policies
+        Policies run in every cell (on the same workload and setting, so they can be paired).
+    seeds
+        Workload seeds (default: ``[workload_config.seed]``).
+    policy_params
+        ``{policy: parameters}`` for policies that take any.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per run: the axis values, ``seed``, ``policy``, ``key`` and ``spec`` (the
+        :class:`RunSpec`), in grid order.
+    """
+    names = list(axes)
+    unknown = set(names) - {f.name for f in dataclasses.fields(SimulationConfig)}
+    if unknown:
+        raise KeyError(f"grid_specs: {sorted(unknown)} are not SimulationConfig fields")
+    seeds = [workload_config.seed] if seeds is None else list(seeds)
+    params = policy_params or {}
+    rows = []
+    for values in itertools.product(*(axes[n] for n in names)):
+        sim = dataclasses.replace(simulation_config, **dict(zip(names, values, strict=True)))
+        for seed in seeds:
+            wl = dataclasses.replace(workload_config, seed=seed)
+            for policy in policies:
+                spec = RunSpec.make(wl, sim, policy, params.get(policy))
+                rows.append({**dict(zip(names, values, strict=True)), "seed": seed,
+                             "policy": policy, "key": spec.key(), "spec": spec})
+    return pd.DataFrame(rows)
+
+
+def cell_savings(
+    results: Mapping[str, pd.DataFrame],
+    grid: pd.DataFrame,
+    target: str = "carbonrouter",
+    baseline: str = "faircarbon",
+    metric: str = "carbon_g",
+    n_boot: int = 2000,
+    boot_seed: int = 0,
+) -> pd.DataFrame:
+    """Saving of ``target`` over ``baseline`` (%) in every cell (and seed) of a grid, with the
+    paired session-level bootstrap 95% CI of :func:`.metrics.paired_saving_ci`.
+
+    ``grid`` is a :func:`grid_specs` table; ``results`` holds the records of its keys. Returns
+    one row per cell and seed: the axis values, ``seed``, ``saving_pct``, ``ci_low_pct``,
+    ``ci_high_pct``, ``n_sessions`` and the total ``metric`` of both policies.
+    """
+    axes = [c for c in grid.columns if c not in ("seed", "policy", "key", "spec")]
+    for policy in (target, baseline):
+        if policy not in set(grid["policy"]):
+            raise KeyError(f"cell_savings: policy {policy!r} is not in the grid")
+    if grid[axes].isna().any().any():
+        raise ValueError(f"cell_savings: grid axis columns {axes} contain NaN (was it concatenated "
+                         f"with another grid?); pass one grid_specs table")
+    missing = sorted(set(grid["key"]) - set(results))
+    if missing:
+        raise KeyError(f"cell_savings: {len(missing)} runs of the grid have no results "
+                       f"(first key {missing[0][:16]}…)")
+    rows = []
+    for cell, runs in grid.groupby(axes + ["seed"], sort=False):
+        key = dict(zip(runs["policy"], runs["key"], strict=True))
+        a, b = results[key[target]], results[key[baseline]]
+        ci = metrics.paired_saving_ci(a, b, metric=metric, n_boot=n_boot, seed=boot_seed)
+        rows.append({**dict(zip(axes + ["seed"], cell, strict=True)),
+                     "saving_pct": ci.estimate, "ci_low_pct": ci.low, "ci_high_pct": ci.high,
+                     "n_sessions": ci.n_sessions, f"{target}_{metric}": float(a[metric].sum()),
+                     f"{baseline}_{metric}": float(b[metric].sum())})
+    return pd.DataFrame(rows)

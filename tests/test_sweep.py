@@ -1,0 +1,214 @@
+"""Tests of carbonrouter_lib.sweep: keys, the result cache, Dask vs serial execution."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from carbonrouter_lib import sweep
+from carbonrouter_lib.experiments import run_policies
+from carbonrouter_lib.prepared import WorkloadConfig, prepare_workload
+from carbonrouter_lib.simulator import SimulationConfig
+from carbonrouter_lib.sweep import RunSpec, run_sweep
+
+WORKLOAD = WorkloadConfig(dataset="mooncake", max_conversations=40)
+CELLS = (0.05, 0.1)  # γ
+POLICIES = ("faircarbon", "carbonrouter")
+
+
+def grid() -> list[RunSpec]:
+    """2 parameter cells × 2 policies on a small Mooncake workload."""
+    return [RunSpec.make(WORKLOAD, SimulationConfig(gamma=g), p) for g in CELLS for p in POLICIES]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as c:
+        yield c
+
+
+# --- keys ------------------------------------------------------------------------------------
+
+
+def test_key_is_stable_and_canonical():
+    a = RunSpec.make(WORKLOAD, SimulationConfig(), "faircarbon")
+    b = RunSpec.make(WORKLOAD, SimulationConfig(), "faircarbon")
+    assert a.key() == b.key() and len(a.key()) == 64
+    # Defaults filled in, ints read as the declared floats, tuples as lists: the same run.
+    c = RunSpec({"dataset": "mooncake", "max_conversations": 40}, {"kappa": 6, "c": 0.5},
+                "faircarbon", {}, 0)
+    assert c.key() == a.key()
+    # The key survives a JSON round trip of the spec (what the sidecar stores).
+    d = RunSpec(**json.loads(json.dumps(a.to_dict())))
+    assert d.key() == a.key() and d == a
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"workload": {"dataset": "mooncake", "max_conversations": 41}},
+        {"workload": {"dataset": "mooncake", "max_conversations": 40,
+                      "arrival": {"window_days": 6.0}}},
+        {"simulation": {"kappa": 8.0}},
+        {"simulation": {"gamma": 0.025}},
+        {"simulation": {"c": 0.35}},
+        {"simulation": {"beta_q": 0.9}},
+        {"simulation": {"regions": ["CH", "GB", "BE", "US-CAL-CISO"]}},
+        {"policy": "carbonrouter"},
+        {"policy_params": {"pricing": False}},
+        {"seed": 1},
+    ],
+)
+def test_any_parameter_change_changes_the_key(change):
+    base = {"workload": {"dataset": "mooncake", "max_conversations": 40}, "simulation": {},
+            "policy": "faircarbon", "policy_params": {}, "seed": 0}
+    if "policy_params" in change:
+        base["policy"] = "carbonrouter"
+    assert RunSpec(**base).key() != RunSpec(**{**base, **change}).key()
+
+
+def test_code_version_is_part_of_the_key(monkeypatch):
+    spec = grid()[0]
+    before = spec.key()
+    monkeypatch.setattr(sweep, "CODE_VERSION", sweep.CODE_VERSION + "x")
+    assert spec.key() != before
+
+
+def test_bad_specs_raise_clear_errors():
+    with pytest.raises(KeyError, match="unknown policy 'carbon-router'"):
+        RunSpec.make(WORKLOAD, SimulationConfig(), "carbon-router")
+    with pytest.raises(TypeError, match="bad parameters"):
+        RunSpec.make(WORKLOAD, SimulationConfig(), "faircarbon", {"delta": 1.0})
+    with pytest.raises(TypeError, match="JSON-serializable"):
+        RunSpec.make(WORKLOAD, SimulationConfig(), "carbonrouter", {"gate": lambda *a: 0.0})
+    with pytest.raises(ValueError, match="use RunSpec.seed"):
+        RunSpec({"dataset": "mooncake", "seed": 3}, {}, "faircarbon")
+    with pytest.raises(TypeError, match="kapa"):
+        RunSpec({"dataset": "mooncake"}, {"kapa": 6.0}, "faircarbon")
+
+
+# --- execution and cache --------------------------------------------------------------------
+
+
+def test_serial_sweep_equals_an_independent_replay(tmp_path):
+    res = run_sweep(grid(), cache_dir=tmp_path, serial=True, progress=False)
+    assert res.n_computed == 4 and res.n_cached == 0 and len(res) == 4
+    table = prepare_workload(WORKLOAD)
+    for g in CELLS:
+        direct = run_policies(table, SimulationConfig(gamma=g), POLICIES)
+        for p in POLICIES:
+            got = res[RunSpec.make(WORKLOAD, SimulationConfig(gamma=g), p).key()]
+            pd.testing.assert_frame_equal(got, direct[p].reset_index(drop=True),
+                                          check_dtype=False)
+    # The cells differ (γ changes the energies), so results are not mixed up between keys.
+    a, b = (res[RunSpec.make(WORKLOAD, SimulationConfig(gamma=g), "faircarbon").key()]
+            for g in CELLS)
+    assert not a["energy_kwh"].equals(b["energy_kwh"])
+
+
+def test_dask_sweep_equals_serial_and_resume_skips_cached_runs(tmp_path, cluster):
+    specs = grid()
+    serial = run_sweep(specs, cache_dir=tmp_path / "serial", serial=True, progress=False)
+
+    # Interrupted sweep: only the first two runs made it to the cache.
+    cache = tmp_path / "dask"
+    run_sweep(specs[:2], cache_dir=cache, serial=True, progress=False)
+    mtimes = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+    assert len(mtimes) == 4  # 2 × (parquet + sidecar)
+
+    submitted: list[list[RunSpec]] = []
+    res = run_sweep(specs, client=cluster, cache_dir=cache, progress=False,
+                    on_submit=submitted.append)
+    assert [s.key() for s in submitted[0]] == [s.key() for s in specs[2:]]
+    assert res.n_cached == 2 and res.n_computed == 2
+    assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir() if p.name in mtimes} == mtimes
+    assert set(res) == set(serial) == {s.key() for s in specs}
+    for key in serial:
+        pd.testing.assert_frame_equal(res[key], serial[key])
+
+    # A complete resume submits nothing and returns the same records.
+    submitted.clear()
+    again = run_sweep(specs, client=cluster, cache_dir=cache, progress=False,
+                      on_submit=submitted.append)
+    assert submitted == [[]] and again.n_cached == 4 and again.n_computed == 0
+    for key in serial:
+        pd.testing.assert_frame_equal(again[key], serial[key])
+
+
+def test_partial_results_are_not_complete(tmp_path):
+    specs = grid()[:2]
+    run_sweep(specs, cache_dir=tmp_path, serial=True, progress=False)
+    key0, key1 = specs[0].key(), specs[1].key()
+    # Run 0: parquet without its sidecar (interrupted between the two writes).
+    (tmp_path / f"{key0}.json").unlink()
+    # Run 1 intact, plus a stray temporary file of an interrupted write of it.
+    (tmp_path / f".{key1}.parquet.abc123.tmp").write_bytes(b"half a parquet")
+    assert not sweep.is_complete(specs[0], tmp_path)
+    assert sweep.is_complete(specs[1], tmp_path)
+
+    submitted: list[list[RunSpec]] = []
+    res = run_sweep(specs, cache_dir=tmp_path, serial=True, progress=False,
+                    on_submit=submitted.append)
+    assert [s.key() for s in submitted[0]] == [key0]
+    assert res.n_cached == 1 and res.n_computed == 1
+    assert sweep.is_complete(specs[0], tmp_path)
+    sidecar = json.loads((tmp_path / f"{key0}.json").read_text())
+    assert sidecar["key"] == key0 and sidecar["n_records"] == len(res[key0])
+    assert RunSpec(**sidecar["spec"]).key() == key0
+
+
+def test_duplicate_specs_run_once(tmp_path):
+    spec = grid()[0]
+    submitted: list[list[RunSpec]] = []
+    res = run_sweep([spec, RunSpec(**spec.to_dict())], cache_dir=tmp_path, serial=True,
+                    progress=False, on_submit=submitted.append)
+    assert len(submitted[0]) == 1 and len(res) == 1
+
+
+def test_bad_scheduler_address_raises(tmp_path, monkeypatch):
+    spec = grid()[0]
+    with pytest.raises(ConnectionError, match="tcp://127.0.0.1:9"):
+        run_sweep([spec], client="tcp://127.0.0.1:9", cache_dir=tmp_path, progress=False,
+                  connect_timeout="1s")
+    monkeypatch.setenv(sweep.SCHEDULER_ENV, "tcp://127.0.0.1:9")
+    with pytest.raises(ConnectionError, match=sweep.SCHEDULER_ENV):
+        run_sweep([spec], cache_dir=tmp_path, progress=False, connect_timeout="1s")
+    with pytest.raises(TypeError, match="client must be"):
+        run_sweep([spec], client=42, cache_dir=tmp_path, progress=False)
+
+
+# --- grids ----------------------------------------------------------------------------------
+
+
+def test_grid_specs_is_full_factorial_and_shares_equal_runs():
+    g = sweep.grid_specs(WORKLOAD, SimulationConfig(), {"gamma": [0.025, 0.05, 0.1],
+                                                        "kappa": [5.0, 6.0, 8.0]}, POLICIES)
+    assert len(g) == 3 * 3 * 2 and g["key"].is_unique
+    row = g[(g["gamma"] == 0.1) & (g["kappa"] == 8.0) & (g["policy"] == "carbonrouter")].iloc[0]
+    assert row["spec"].simulation_config() == SimulationConfig(gamma=0.1, kappa=8.0)
+    # Table 4's default cell (c = 0.5, β_Q = 0.85) is Table 3's default cell: the same runs.
+    h = sweep.grid_specs(WORKLOAD, SimulationConfig(), {"c": [0.5, 0.25],
+                                                        "beta_q": [0.85, 0.9]}, POLICIES)
+    shared = set(g["key"]) & set(h["key"])
+    assert shared == set(g[(g["gamma"] == 0.05) & (g["kappa"] == 6.0)]["key"])
+    with pytest.raises(KeyError, match="not SimulationConfig fields"):
+        sweep.grid_specs(WORKLOAD, SimulationConfig(), {"delta": [1.0]}, POLICIES)
+
+
+def test_cell_savings_matches_the_totals(tmp_path):
+    g = sweep.grid_specs(WORKLOAD, SimulationConfig(), {"gamma": list(CELLS)}, POLICIES)
+    res = run_sweep(g["spec"], cache_dir=tmp_path, serial=True, progress=False)
+    out = sweep.cell_savings(res, g, n_boot=200)
+    assert list(out["gamma"]) == list(CELLS)
+    for _, row in out.iterrows():
+        keys = g[g["gamma"] == row["gamma"]].set_index("policy")["key"]
+        a = res[keys["carbonrouter"]]["carbon_g"].to_numpy().sum()
+        b = res[keys["faircarbon"]]["carbon_g"].to_numpy().sum()
+        assert row["saving_pct"] == pytest.approx(100.0 * (1.0 - a / b), rel=1e-12)
+        assert row["ci_low_pct"] <= row["saving_pct"] <= row["ci_high_pct"]
+    with pytest.raises(KeyError, match="no results"):
+        sweep.cell_savings({}, g)
