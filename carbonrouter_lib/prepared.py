@@ -195,7 +195,8 @@ def _cached(name: str, build, meta: dict[str, Any]) -> pd.DataFrame:
     df.attrs = {}
     with atomic_path(path) as tmp:
         df.to_parquet(tmp, index=False)
-    (derived_dir() / f"{name}.json").write_text(json.dumps(meta, indent=1, default=str))
+    with atomic_path(derived_dir() / f"{name}.json") as tmp:
+        tmp.write_text(json.dumps(meta, indent=1, default=str))
     return df
 
 
@@ -207,7 +208,9 @@ def dataset_columns(config: WorkloadConfig) -> pd.DataFrame:
     """
     meta = {"dataset": config.dataset, "max_conversations": config.max_conversations,
             "context_turns": config.context_turns, "output_folds": config.output_folds,
-            "code": CODE_VERSION}
+            # Upstream versions too, so a changed predictor or parser never reuses stale columns.
+            "code": CODE_VERSION, "quality_code": quality.CODE_VERSION,
+            "sharegpt_code": sharegpt.CODE_VERSION}
     key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
 
     def build() -> pd.DataFrame:
@@ -286,6 +289,7 @@ def prepare_workload(config: WorkloadConfig | None = None, use_cache: bool = Tru
 
     with atomic_path(path) as tmp:
         table.to_parquet(tmp, index=False)
-    (path.with_suffix(".json")).write_text(json.dumps(config.to_dict(), indent=1, default=str))
+    with atomic_path(path.with_suffix(".json")) as tmp:
+        tmp.write_text(json.dumps(config.to_dict(), indent=1, default=str))
     table.attrs["config"] = config.to_dict()
     return table
