@@ -35,10 +35,10 @@ from carbonrouter_lib.policies import (
     feasibility,
     make_policy,
 )
-from carbonrouter_lib.profiles import MODELS, analytical_profiles
+from carbonrouter_lib.profiles import MODELS, REFERENCE_DEPLOYMENT, analytical_profiles
+from carbonrouter_lib.workload import ServiceTimeModel
 
 __all__ = [
-    "REFERENCE_DEPLOYMENT",
     "SimulationConfig",
     "SimulationResult",
     "backend_config",
@@ -47,11 +47,6 @@ __all__ = [
     "peak_active_sessions",
 ]
 
-#: The deployment whose service times define "active" sessions when measuring the trace's peak
-#: concurrency P (spec §6: capacity K = c·P). P is a property of the trace, not of a policy, so
-#: it must not depend on routing: we replay every session on this one deployment, histories
-#: always cached, with no capacity limit.
-REFERENCE_DEPLOYMENT = ("Llama-3.1-70B", "A100")
 
 
 @dataclass(frozen=True)
@@ -111,19 +106,19 @@ def _deployments(regions: tuple[str, ...], kappa: float, gamma: float) -> Deploy
 
 def _reference_service(table: pd.DataFrame) -> np.ndarray:
     m = MODELS.index(REFERENCE_DEPLOYMENT[0])
-    prof = analytical_profiles().set_index(["model", "gpu"]).loc[REFERENCE_DEPLOYMENT]
-    new = prepared.model_matrix(table, "new_tokens")[:, m].astype(np.float64)
-    out = prepared.model_matrix(table, "output_tokens")[:, m].astype(np.float64)
-    return cost.service_time_s(new, 0.0, 0.0, out, prof["prefill_tok_s"], prof["decode_tok_s"])
+    service = ServiceTimeModel.from_profile(*REFERENCE_DEPLOYMENT)
+    return service.service_s(prepared.model_matrix(table, "new_tokens")[:, m],
+                             prepared.model_matrix(table, "output_tokens")[:, m])
 
 
 def peak_active_sessions(table: pd.DataFrame) -> int:
     """P: the peak number of simultaneously active sessions of a prepared workload (spec §6).
 
     A session is active from its first arrival to its last completion. Completion depends on
-    routing, so it is measured with the service times of :data:`REFERENCE_DEPLOYMENT` for every
-    turn (prefill of the new tokens, history cached; decode of the realized output) and the
-    table's think times. Intervals are half-open [start, end): a session ending when another
+    routing, and P is a property of the trace, not of a policy: so it is measured with the
+    service times of :data:`profiles.REFERENCE_DEPLOYMENT` (no capacity limit) for every turn
+    (prefill of the new tokens, history cached; decode of the realized output) and the table's
+    think times. Intervals are half-open [start, end): a session ending when another
     starts does not overlap it (completions before dispatches, §6a.9).
     """
     if table.empty:

@@ -88,6 +88,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
+from carbonrouter_lib import cost
 from carbonrouter_lib.datasets import fetch
 from carbonrouter_lib.tokenizers import TOKENIZER_FAMILIES
 
@@ -351,7 +352,7 @@ class ServiceTimeModel:
         """Service time (s) of turns with these new-input and output token counts."""
         new = np.asarray(new_tokens, dtype=np.float64)
         out = np.asarray(output_tokens, dtype=np.float64)
-        return new / self.prefill_tok_s + out / self.decode_tok_s
+        return cost.service_time_s(new, 0.0, 0.0, out, self.prefill_tok_s, self.decode_tok_s)
 
 
 def _is_int(x: Any) -> bool:
