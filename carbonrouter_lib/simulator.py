@@ -201,7 +201,10 @@ def simulate(
     table
         A prepared workload (:func:`carbonrouter_lib.prepared.prepare_workload`).
     policy
-        A policy object or a registry name (:data:`carbonrouter_lib.policies.POLICIES`).
+        A policy object or a registry name (:data:`carbonrouter_lib.policies.POLICIES`). A
+        CarbonRouter whose learned gate is not yet trained (``gate="learned"``, the default)
+        gets it trained here on ``table`` with this setting (:func:`carbonrouter_lib.gate.
+        ensure_gate`, session-held-out folds; a few seconds for the full ShareGPT workload).
     config
         The setting (regions, carbon year, capacity factor, constraints, κ, γ).
     signal
@@ -238,6 +241,13 @@ def simulate(
         raise ValueError(f"signal regions {signal.regions} differ from config.regions "
                          f"{config.regions}")
     backend_cfg = backend or backend_config(table, config)
+    if isinstance(policy, CarbonRouter) and policy.needs_training:
+        # The learned gate of this very setting, trained on this workload with session-held-out
+        # folds (lazy import: the gate module replays workloads itself).
+        from carbonrouter_lib.gate import ensure_gate
+
+        policy.set_gate(ensure_gate(None, config, policy.pricing, policy.gate_training,
+                                    table=table, signal=signal, backend=backend_cfg))
     be = Backend(deps, backend_cfg)
     constraints = ConstraintConfig(beta_q=config.beta_q, d_ttft_s=config.d_ttft_s)
 
@@ -282,6 +292,7 @@ def simulate(
     # Everything of Eq. 4–7 that does not depend on dispatch, for all queries at once.
     batch = QueryBatch(deps, new, hist, est, qual, constraints)
     ctx, cand = QueryContext(deps), Candidates(deps.n)
+    ctx.backend, ctx.signal = be, signal
 
     # Records, one typed array per column (_RECORD_FIELDS), in dispatch order: stores convert
     # to machine values at once, and the arrays become numpy columns without a copy.

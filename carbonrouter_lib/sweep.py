@@ -41,8 +41,9 @@ import pandas as pd
 from carbonrouter_lib import metrics, workload
 from carbonrouter_lib.carbon import CarbonConfig, CarbonSignal
 from carbonrouter_lib.datasets import derived_dir
+from carbonrouter_lib.gate import GATE_CODE_VERSION, ensure_gate
 from carbonrouter_lib.outputs import atomic_path
-from carbonrouter_lib.policies import POLICIES, make_policy
+from carbonrouter_lib.policies import POLICIES, CarbonRouter, make_policy
 from carbonrouter_lib.prepared import CODE_VERSION as PREPARED_CODE_VERSION
 from carbonrouter_lib.prepared import WorkloadConfig, prepare_workload
 from carbonrouter_lib.simulator import SimulationConfig, backend_config, simulate
@@ -63,7 +64,7 @@ __all__ = [
 #: Bump when the replay's results change for the same parameters (simulator, backend, policies,
 #: cost model, metrics columns), so that cached sweep results are not reused. The prepared
 #: workload's own code version is part of every key as well.
-CODE_VERSION = "1"
+CODE_VERSION = "2"
 #: Environment variable holding the address of a running Dask scheduler (e.g.
 #: ``tcp://10.0.0.5:8786``); used when ``run_sweep`` gets no client or address.
 SCHEDULER_ENV = "CARBONROUTER_DASK_SCHEDULER"
@@ -182,7 +183,8 @@ class RunSpec:
     def key(self) -> str:
         """SHA-256 (hex, 64 characters) of the canonical JSON of the spec and the code versions."""
         text = json.dumps({"spec": self.to_dict(), "code": CODE_VERSION,
-                           "prepared_code": PREPARED_CODE_VERSION},
+                           "prepared_code": PREPARED_CODE_VERSION,
+                           "gate_code": GATE_CODE_VERSION},
                           sort_keys=True, separators=(",", ":"), allow_nan=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -227,6 +229,10 @@ def run_one(spec: RunSpec) -> pd.DataFrame:
     table = _table(wl.key(), wl)
     signal = _signal(sim.carbon_year, sim.regions)
     policy = make_policy(spec.policy, **spec.policy_params)
+    if isinstance(policy, CarbonRouter) and policy.needs_training:
+        # Trained once per setting and cached (derived_dir()/gates), whichever worker gets it.
+        policy.set_gate(ensure_gate(wl, sim, policy.pricing, policy.gate_training,
+                                    table=table, signal=signal))
     res = simulate(table, policy, sim, signal=signal, backend=backend_config(table, sim))
     records = res.records.reset_index(drop=True)
     records.attrs = {}

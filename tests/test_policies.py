@@ -273,7 +273,10 @@ def test_every_policy_chooses_a_candidate(fields):
         return
     chosen = {}
     for name in POLICIES:
-        p = make_policy(name)
+        if name in ("carbonrouter", "carbonrouter-no-pricing"):  # the rule without a gate
+            p = make_policy(name, gate=None)
+        else:
+            p = make_policy(name)
         if ctx.turn == 0:
             p.on_session_start(ctx)
         chosen[name] = p.choose(ctx, cand)
@@ -283,6 +286,8 @@ def test_every_policy_chooses_a_candidate(fields):
     b = ctx.prev
     assert chosen["faircarbon"] == min(members, key=lambda a: cand.carbon_base[a])
     assert chosen["carbonrouter"] == min(members, key=lambda a: cand.carbon[a])  # no gate
+    assert chosen["carbonrouter-no-gate"] == chosen["carbonrouter"]
+    assert chosen["carbonrouter-no-pricing"] == min(members, key=lambda a: cand.carbon_base[a])
     kept = b >= 0 and cand.mask[b]
     if kept:
         assert chosen["session-affinity"] == b
@@ -478,7 +483,7 @@ def test_profiles_have_the_spec_ratios():
 
 
 def test_carbonrouter_stays_when_recomputation_outweighs_the_cleaner_region():
-    p = CarbonRouter()
+    p = CarbonRouter(gate=None)
     assert RHO == pytest.approx(0.2830, abs=1e-4)
     assert decide(p, switch_ctx(RHO * 1.01)) == B_DEP  # B 3.5x cleaner: not enough
     assert decide(p, switch_ctx(RHO * 0.99)) == G_DEP  # a bit more: worth the recomputation
@@ -486,7 +491,19 @@ def test_carbonrouter_stays_when_recomputation_outweighs_the_cleaner_region():
     # Without the cache the break-even is 1: B just has to be cleaner.
     assert decide(p, switch_ctx(0.99, cached=np.zeros(D2.n))) == G_DEP
     # "w/o Pricing": the proposal ignores the recomputation, as FairCarbon does.
-    assert decide(CarbonRouter(pricing=False), switch_ctx(RHO * 1.01)) == G_DEP
+    assert decide(CarbonRouter(pricing=False, gate=None), switch_ctx(RHO * 1.01)) == G_DEP
+
+
+def test_an_untrained_learned_gate_is_a_clear_error_only_where_it_would_be_called():
+    p = CarbonRouter()  # the full system: gate="learned", δ = 0
+    assert p.needs_training and p.params()["gate"] == "learned"
+    assert decide(p, switch_ctx(RHO * 1.01)) == B_DEP  # no opportunity: no gate needed
+    with pytest.raises(RuntimeError, match="not been trained"):
+        decide(p, switch_ctx(RHO * 0.5))  # an opportunity
+    assert not make_policy("carbonrouter-no-gate").needs_training
+    assert not CarbonRouter(delta=math.inf).needs_training  # never called: nothing to train
+    p.set_gate(RecordingGate(1.0))
+    assert not p.needs_training and decide(p, switch_ctx(RHO * 0.5)) == B_DEP
 
 
 class RecordingGate:
@@ -554,13 +571,18 @@ def test_gate_returning_nan_is_an_error():
 
 def test_registry_and_params():
     assert set(POLICIES) == {"session-affinity", "carbon-affinity", "gar", "faircarbon",
-                             "carbonrouter"}
+                             "carbonrouter", "carbonrouter-no-gate", "carbonrouter-no-pricing"}
     for name, cls in POLICIES.items():
         p = make_policy(name)
         assert isinstance(p, cls) and p.name == name
     assert make_policy("gar", seed=5).params() == {"seed": 5}
     p = make_policy("carbonrouter", delta=2.0, gate=RecordingGate(0.0), pricing=False)
-    assert p.params() == {"delta": 2.0, "gate": "recording", "pricing": False}
+    assert p.params() == {"delta": 2.0, "gate": "recording", "pricing": False,
+                          "gate_training": None}
+    assert make_policy("carbonrouter-no-gate").params() == {
+        "delta": math.inf, "gate": None, "pricing": True, "gate_training": None}
+    assert make_policy("carbonrouter-no-pricing").params() == {
+        "delta": 0.0, "gate": "learned", "pricing": False, "gate_training": None}
     with pytest.raises(KeyError, match="faircarbon"):
         make_policy("greedy")
     with pytest.raises(TypeError, match="faircarbon"):

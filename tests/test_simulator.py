@@ -44,7 +44,9 @@ DEPS = Deployments.build(REGIONS)  # analytical profiles, κ = 6, γ = 0.05 (Sim
 CONFIG = SimulationConfig(regions=REGIONS)
 BIG = MODELS.index("Llama-3.1-70B")
 ONLY_70B = (0.1, 0.1, 0.1, 0.1, 0.9)  # only Llama-3.1-70B passes β_Q = 0.85
-POLICY_NAMES = ("session-affinity", "carbon-affinity", "gar", "faircarbon", "carbonrouter")
+# CarbonRouter without its gate: the rule the oracle restates (the learned gate is tested in
+# test_gate.py; it is trained per workload, so its choices are not a fixed rule).
+POLICY_NAMES = ("session-affinity", "carbon-affinity", "gar", "faircarbon", "carbonrouter-no-gate")
 # Ample capacity: more slots than sessions, KV never full, caches never expire.
 AMPLE = BackendConfig(slots_per_pool=8, kv_tokens_per_pool=1e12, ttl_s=math.inf)
 TOL = 1e-9  # relative tolerance of recomputed energies / carbon
@@ -324,7 +326,7 @@ def oracle_check(table, res, values, config=CONFIG, gated: bool = False) -> None
             assert is_min(ci * e_base, in_home if in_home.any() else cand)
             if in_home.any():
                 assert r_of[a] == home[s]
-        elif res.policy == "carbonrouter":
+        elif res.policy in ("carbonrouter", "carbonrouter-no-gate"):
             opportunity_possible = k > 0 and stay_ok and L[b] > 0
             if gated and opportunity_possible:
                 assert a == b  # the gate (Â = 1 > δ) blocks every switch
@@ -450,8 +452,9 @@ def test_ungrouped_rows_raise_a_clear_error():
         run(swapped, "faircarbon", ci_grid(100, 200))
 
 
+# (not GAR†: it seeds its draw with the session id)
 @pytest.mark.parametrize("name", ["session-affinity", "carbon-affinity", "faircarbon",
-                                  "carbonrouter"])  # GAR† seeds its draw with the session id
+                                  "carbonrouter-no-gate"])
 def test_result_does_not_depend_on_the_order_of_sessions(name):
     specs = [conversation(0.0, 3, new=800), conversation(37.0, 2, new=3000, out=50),
              conversation(91.0, 4, new=60), conversation(13.0, 2, new=200, out=600)]
@@ -547,16 +550,18 @@ def test_stickiness_carbonrouter_stays_faircarbon_moves(b_later, router_moves):
     fc = recs["faircarbon"].iloc[1]
     assert fc["deployment"] == h100_b and fc["switched"]  # E_base is equal: B is cleaner
     assert fc["history_tokens"] == fc["recomputed_tokens"] == 20500 and fc["cached_tokens"] == 0
-    cr = recs["carbonrouter"].iloc[1]
+    cr = recs["carbonrouter-no-gate"].iloc[1]
     assert cr["deployment"] == (h100_b if router_moves else h100_a)
     assert cr["switched"] == router_moves
     assert cr["recomputed_tokens"] == (20500 if router_moves else 0)
     for name in ("session-affinity", "carbon-affinity"):
         assert recs[name]["deployment"].iloc[1] == h100_a  # bound while cached and feasible
     if router_moves:  # the cache-aware router saves carbon over staying
-        assert recs["carbonrouter"]["carbon_g"].sum() < recs["carbon-affinity"]["carbon_g"].sum()
+        assert (recs["carbonrouter-no-gate"]["carbon_g"].sum()
+                < recs["carbon-affinity"]["carbon_g"].sum())
     else:  # and over the cache-oblivious move
-        assert recs["carbonrouter"]["carbon_g"].sum() < recs["faircarbon"]["carbon_g"].sum()
+        assert (recs["carbonrouter-no-gate"]["carbon_g"].sum()
+                < recs["faircarbon"]["carbon_g"].sum())
 
 
 def test_gate_blocks_the_switch_and_is_recorded():
@@ -762,12 +767,14 @@ def workloads(draw):
 @given(workloads())
 def test_random_workloads_satisfy_the_replay_invariants(case):
     table, values, backend, ample = case
-    policies = [*POLICY_NAMES, "gated"]
+    policies = [*POLICY_NAMES, "gated", "carbonrouter"]
     for name in policies:
         policy = CarbonRouter(delta=0.5, gate=lambda *_: 1.0) if name == "gated" else name
         res = run(table, policy, values, backend)
         check_invariants(table, res, values, backend)
-        if ample:
+        if name == "carbonrouter":  # the learned gate, trained on this workload: no fixed rule
+            assert not (res.records["gate_blocked"] & ~res.records["switch_opportunity"]).any()
+        elif ample:
             oracle_check(table, res, values, gated=name == "gated")
         else:
             # Caches only shrink under eviction and expiry: L(a) ≤ the post-turn context of the

@@ -34,7 +34,13 @@ from carbonrouter_lib.policies.base import (
     QueryContext,
     feasibility,
 )
-from carbonrouter_lib.policies.carbonrouter import CarbonRouter, Gate
+from carbonrouter_lib.policies.carbonrouter import (
+    LEARNED,
+    CarbonRouter,
+    CarbonRouterNoGate,
+    CarbonRouterNoPricing,
+    Gate,
+)
 from carbonrouter_lib.policies.oblivious import FairCarbon, GARDagger
 
 __all__ = [
@@ -51,7 +57,10 @@ __all__ = [
     "GARDagger",
     "FairCarbon",
     "CarbonRouter",
+    "CarbonRouterNoGate",
+    "CarbonRouterNoPricing",
     "Gate",
+    "LEARNED",
 ]
 
 #: Registry name → policy class (the names used in results and notebooks).
@@ -61,6 +70,8 @@ POLICIES: dict[str, type[Policy]] = {
     "gar": GARDagger,
     "faircarbon": FairCarbon,
     "carbonrouter": CarbonRouter,
+    "carbonrouter-no-gate": CarbonRouterNoGate,
+    "carbonrouter-no-pricing": CarbonRouterNoPricing,
 }
 
 

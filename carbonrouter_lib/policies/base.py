@@ -279,11 +279,18 @@ class QueryContext:
     free_slots : ndarray, int64 (n_pools,)
         Free session slots per (region, GPU) pool; a pool holding the session counts its slot as
         taken.
+    backend : Backend or None
+        Read-only view of the emulated backend at dispatch (set once per run by the simulator;
+        None for a standalone context): for features beyond the above, e.g. the KV memory in use
+        per pool (the learned gate). A policy must not mutate it (``backend.copy()`` to explore).
+    signal : CarbonSignal or None
+        The run's carbon signal (set once per run by the simulator; None for a standalone
+        context): e.g. the recent change of the intensity (the learned gate).
     """
 
     __slots__ = (
         "deployments", "n", "session", "turn", "prev", "time_s", "batch", "row",
-        "cached", "ci", "ci_region", "available", "free_slots",
+        "cached", "ci", "ci_region", "available", "free_slots", "backend", "signal",
         "_hits", "_model", "_v_pre", "_de", "_ci_region_b", "_ci_b", "_own_available",
         "_own_free",
     )
@@ -311,6 +318,8 @@ class QueryContext:
         self._own_free = np.zeros(d.n_pools, dtype=np.int64)
         self.available = self._own_available
         self.free_slots = self._own_free
+        self.backend = None
+        self.signal = None
         # (a, L, N_hist − L, N_new) of every deployment with L(a) > 0: the few entries where the
         # costs differ from the batch's "nothing cached" terms.
         self._hits: list[tuple[int, float, float, float]] = []

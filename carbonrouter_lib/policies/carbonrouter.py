@@ -11,9 +11,16 @@ Per query:
    L(b) > 0 — ask the gate for Â, the predicted carbon (gCO2e) saved by staying on b over this
    and the next turn, and stay on b if Â > δ.
 
-Without a gate, or with δ = +∞ (the "w/o Gate" ablation, the default), the gate is never called
-and the policy always follows the proposal. The learned gate (an XGBoost regressor in the paper)
-plugs in as any callable ``gate(ctx, cand, g, b) -> float``; see :class:`Gate`.
+The default is the full system: ``gate="learned"`` with δ = 0 — the XGBoost gate of
+:mod:`carbonrouter_lib.gate`, trained for the run's setting by whoever runs the policy
+(:func:`~carbonrouter_lib.simulator.simulate` trains it on the replayed workload with
+session-held-out folds; :func:`~carbonrouter_lib.sweep.run_one` trains it once per setting and
+caches it), whose per-fold threshold δ_f is inside its margin Â − δ_f. Any callable
+``gate(ctx, cand, g, b) -> float`` plugs in instead (see :class:`Gate`). Without a gate, or with
+δ = +∞, the gate is never called and the policy always follows the proposal: the registry's
+``carbonrouter-no-gate`` (:class:`CarbonRouterNoGate`, the "w/o Gate" ablation);
+``carbonrouter-no-pricing`` (:class:`CarbonRouterNoPricing`) is the "w/o Pricing" ablation with its
+own learned gate.
 """
 
 from __future__ import annotations
@@ -23,7 +30,11 @@ from typing import Protocol
 
 from carbonrouter_lib.policies.base import Candidates, Policy, QueryContext
 
-__all__ = ["Gate", "CarbonRouter"]
+__all__ = ["LEARNED", "Gate", "CarbonRouter", "CarbonRouterNoGate", "CarbonRouterNoPricing"]
+
+#: ``gate=LEARNED``: the learned gate of :mod:`carbonrouter_lib.gate`, trained for the setting by
+#: the runner before the replay.
+LEARNED = "learned"
 
 
 class Gate(Protocol):
@@ -35,7 +46,8 @@ class Gate(Protocol):
     region, Q(m), free slots per pool, dispatch time) and ``cand`` (estimated energy and carbon of
     every deployment, cache-aware and oblivious); model / GPU / region of a deployment are
     ``ctx.deployments.model[a]`` etc. A gate must not modify ``ctx`` or ``cand`` and must not
-    keep references to their arrays (they are reused for the next query). Return a finite float.
+    keep references to their arrays (they are reused for the next query). Return a float, not
+    NaN (−∞: never stay).
     """
 
     def __call__(self, ctx: QueryContext, cand: Candidates, g: int, b: int) -> float: ...
@@ -47,13 +59,18 @@ class CarbonRouter(Policy):
     Parameters
     ----------
     delta : float
-        Gate threshold δ, gCO2e: stay on b when Â > δ (strict). ``math.inf`` (default) never
-        stays: the "w/o Gate" ablation. Not NaN.
-    gate : Gate or None
-        The gate; None (default) never stays, whatever δ.
+        Gate threshold δ, gCO2e: stay on b when the gate's value > δ (strict). ``math.inf``
+        never stays (the "w/o Gate" ablation). Not NaN. Default 0.0: the learned gate returns
+        its margin Â − δ_f (its δ_f chosen on validation sessions).
+    gate : Gate, "learned" or None
+        The gate; ``"learned"`` (default, :data:`LEARNED`) for the learned gate, to be trained
+        by the runner (:meth:`set_gate`); None never stays, whatever δ.
     pricing : bool
         True (default): proposal from the cache-aware carbon CI·E. False: from CI·E_base
-        (the "w/o Pricing" ablation; its gate should be trained on this proposal).
+        (the "w/o Pricing" ablation; its gate is trained on this proposal).
+    gate_training : dict or None
+        :class:`carbonrouter_lib.gate.GateTrainingConfig` fields for the learned gate (None:
+        defaults).
 
     Attributes
     ----------
@@ -71,30 +88,48 @@ class CarbonRouter(Policy):
     name = "carbonrouter"
 
     def __init__(
-        self, delta: float = math.inf, gate: Gate | None = None, pricing: bool = True
+        self, delta: float = 0.0, gate: Gate | str | None = LEARNED, pricing: bool = True,
+        gate_training: dict | None = None,
     ) -> None:
         if not (isinstance(delta, int | float) and not math.isnan(delta)):
             raise ValueError(f"CarbonRouter.delta must be a number (gCO2e; inf allowed), "
                              f"got {delta!r}")
-        if gate is not None and not callable(gate):
-            raise ValueError(f"CarbonRouter.gate must be callable or None, got {gate!r}")
+        if gate is not None and gate != LEARNED and not callable(gate):
+            raise ValueError(f"CarbonRouter.gate must be callable, {LEARNED!r} or None, "
+                             f"got {gate!r}")
         if not isinstance(pricing, bool):
             raise ValueError(f"CarbonRouter.pricing must be a bool, got {pricing!r}")
+        if gate_training is not None and not isinstance(gate_training, dict):
+            raise ValueError(f"CarbonRouter.gate_training must be a dict or None, "
+                             f"got {gate_training!r}")
         self.delta = float(delta)
-        self.gate = gate
         self.pricing = pricing
-        # The gate can only block when it exists and δ < +∞; otherwise it is never called
-        # (at most one predictor call per query, none in the ablation).
-        self._gated = gate is not None and self.delta < math.inf
+        self.gate_training = gate_training
+        self.set_gate(gate)
         self.opportunities: dict[int, int] = {}
         self.blocked: dict[int, int] = {}
         self.last_proposal = -1
         self.last_opportunity = False
         self.last_advantage = math.nan
 
+    @property
+    def needs_training(self) -> bool:
+        """Whether the learned gate is still to be trained and set (:meth:`set_gate`) before
+        the policy can route (never with δ = +∞: the gate would not be called)."""
+        return isinstance(self.gate, str) and self.delta < math.inf
+
+    def set_gate(self, gate: Gate | str | None) -> None:
+        """Set the gate (e.g. the trained learned gate)."""
+        self.gate = gate
+        # The gate can only block when it exists and δ < +∞; otherwise it is never called
+        # (at most one predictor call per query, none in the ablation).
+        self._gated = gate is not None and self.delta < math.inf
+
     def params(self) -> dict:
-        gate = None if self.gate is None else getattr(self.gate, "name", repr(self.gate))
-        return {"delta": self.delta, "gate": gate, "pricing": self.pricing}
+        gate = (self.gate if self.gate is None or isinstance(self.gate, str)
+                else getattr(self.gate, "name", repr(self.gate)))
+        return {"delta": self.delta, "gate": gate, "pricing": self.pricing,
+                "gate_training": self.gate_training}
 
     def propose(self, cand: Candidates) -> int:
         """g: the lowest estimated carbon among the candidates (cache-aware unless
@@ -115,6 +150,10 @@ class CarbonRouter(Policy):
         self.opportunities[s] = self.opportunities.get(s, 0) + 1
         if not self._gated:
             return g
+        if isinstance(self.gate, str):
+            raise RuntimeError("CarbonRouter: the learned gate has not been trained; run the "
+                               "policy through simulate() or sweep.run_one(), or set_gate() a "
+                               "trained gate (carbonrouter_lib.gate.ensure_gate)")
         adv = float(self.gate(ctx, cand, g, b))
         if math.isnan(adv):
             raise ValueError(f"CarbonRouter: the gate returned NaN (session {s}, turn "
@@ -124,3 +163,23 @@ class CarbonRouter(Policy):
             self.blocked[s] = self.blocked.get(s, 0) + 1
             return b
         return g
+
+
+class CarbonRouterNoGate(CarbonRouter):
+    """The "w/o Gate" ablation (§7.6): CarbonRouter with δ = +∞ — always the proposal."""
+
+    name = "carbonrouter-no-gate"
+
+    def __init__(self, pricing: bool = True) -> None:
+        super().__init__(delta=math.inf, gate=None, pricing=pricing)
+
+
+class CarbonRouterNoPricing(CarbonRouter):
+    """The "w/o Pricing" ablation (§7.6): cache-oblivious proposal (CI·E_base) with its own
+    learned gate, trained on this proposal's switch opportunities."""
+
+    name = "carbonrouter-no-pricing"
+
+    def __init__(self, delta: float = 0.0, gate: Gate | str | None = LEARNED,
+                 gate_training: dict | None = None) -> None:
+        super().__init__(delta=delta, gate=gate, pricing=False, gate_training=gate_training)

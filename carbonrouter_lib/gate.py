@@ -1,0 +1,585 @@
+"""CarbonRouter's learned switch gate (spec §7.5): features, two-branch labels, XGBoost, δ.
+
+At a *switch opportunity* (turn k > 0, proposal g ≠ previous deployment b, b still a candidate and
+L(b) > 0) CarbonRouter asks the gate for Â, the carbon (gCO2e) saved by staying on b over this and
+the next turn, and stays when Â > δ. This module builds that gate:
+
+1. **Features** (:func:`gate_features`, :data:`FEATURES`): what is known at dispatch — estimated
+   carbon and energy of both options and their difference, history / new / estimated output
+   tokens, turn index, cached fractions, KV memory in use and free slots of both pools, carbon
+   intensity of both regions and its change over the last hour, hour of day, which of model / GPU /
+   region the switch changes, predicted quality of both models. Never the session's future (its
+   number of turns, think times or realized output).
+2. **Labels** (:class:`TwoBranchLabeler`): a replay of the *proposal* policy (CarbonRouter without
+   gate, so the opportunities are those it meets) in which, at each opportunity, the backend is
+   copied twice and the session is played on in each copy: *switch* (serve this turn on g) and
+   *stay* (serve it on b); then the next turn, a think time after the branch's completion, is
+   routed by the same proposal rule on that branch's backend (cache, TTL) and intensity. The label
+   is (carbon of switching now + next turn) − (carbon of staying now + next turn), realized output
+   lengths, 0 next-turn term when there is no next turn. While a branch is played on, *the other
+   sessions are frozen* (their pending completions and arrivals are not replayed): over the
+   lookahead of one think time (median ≈ 2 min) the session's own cache placement dominates the
+   difference, and freezing keeps a label O(one query) instead of O(a re-simulation).
+3. **Training** (:func:`train_gate`): sessions are split into K folds by a hash of the session id.
+   The model that routes fold f is trained on the K − 2 folds other than f and v = f + 1 (mod K);
+   δ_f is chosen on the validation fold v from a grid that includes +∞, as the δ that maximizes
+   the realized saving Σ y·[Â > δ] of the opportunities it would block; fold f itself is the test
+   fold (never seen in training or in choosing δ). So no session is routed by a gate trained on
+   it, nor with a δ chosen on it.
+4. **Routing** (:class:`LearnedGate`): ``CarbonRouter(delta=0.0, gate=gate)``; the gate returns the
+   margin Â_f(z) − δ_f of the session's fold (−∞ where δ_f = +∞), so the router stays exactly when
+   Â_f > δ_f. One XGBoost call per opportunity and none otherwise.
+
+Units: gCO2e, kWh, tokens, seconds, gCO2e/kWh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from carbonrouter_lib import cost, prepared
+from carbonrouter_lib.outputs import atomic_path
+from carbonrouter_lib.policies import (
+    Candidates,
+    CarbonRouter,
+    ConstraintConfig,
+    QueryContext,
+    feasibility,
+)
+
+__all__ = [
+    "FEATURES",
+    "GATE_CODE_VERSION",
+    "GateTrainingConfig",
+    "LearnedGate",
+    "TwoBranchLabeler",
+    "collect_opportunities",
+    "ensure_gate",
+    "gate_features",
+    "gate_path",
+    "session_folds",
+    "train_gate",
+]
+
+#: Bump when features, labels or training change: stored gates and sweep results keyed on it.
+GATE_CODE_VERSION = "1"
+
+#: Gate features, in the order of :func:`gate_features`' vector (b = previous deployment,
+#: g = proposal; tokens under b's model tokenizer).
+FEATURES: tuple[str, ...] = (
+    "est_carbon_g", "est_carbon_b", "est_carbon_diff",  # Ĉ(g), Ĉ(b), Ĉ(b) − Ĉ(g); gCO2e
+    "base_carbon_g", "base_carbon_b",  # CI·E_base, gCO2e
+    "est_energy_g", "est_energy_b", "est_energy_diff",  # kWh
+    "hist_tokens", "new_tokens", "est_out_tokens",
+    "turn_index", "cached_frac_b", "cached_frac_g",  # k (0-based); L(a) / N_hist
+    "kv_used_b", "kv_used_g",  # share of the pool's KV memory in use
+    "free_slots_b", "free_slots_g",
+    "ci_b", "ci_g", "ci_change_b", "ci_change_g",  # gCO2e/kWh; change over the last hour
+    "hour_utc",
+    "change_model", "change_gpu", "change_region",  # 0/1
+    "quality_b", "quality_g",
+)
+_N_F = len(FEATURES)
+_HOUR_S = 3600.0
+
+
+def gate_features(
+    ctx: QueryContext, cand: Candidates, g: int, b: int, out: np.ndarray | None = None
+) -> np.ndarray:
+    """The feature vector z (:data:`FEATURES` order) of a switch opportunity, float64.
+
+    ``ctx.backend`` and ``ctx.signal`` (set by the simulator) give the KV memory in use and the
+    intensity an hour earlier; without them those features are NaN (XGBoost's missing value).
+    Writes into ``out`` when given.
+    """
+    z = np.empty(_N_F) if out is None else out
+    d = ctx.deployments
+    carbon, base, energy = cand.carbon, cand.carbon_base, cand.energy
+    mb, mg = int(d.model[b]), int(d.model[g])
+    n_hist = ctx.n_hist_m
+    hist_b, hist_g = float(n_hist[mb]), float(n_hist[mg])
+    pb, pg = int(d.pool[b]), int(d.pool[g])
+    rb, rg = int(d.region[b]), int(d.region[g])
+    ci = ctx.ci_region
+    be, signal = ctx.backend, ctx.signal
+    if be is not None:
+        used = be.pool_used_tokens()
+        cap = float(be.kv_capacity_tokens)
+        kv_b, kv_g = used[pb] / cap, used[pg] / cap
+    else:
+        kv_b = kv_g = math.nan
+    t = ctx.time_s
+    if signal is not None and math.isfinite(t):
+        earlier = signal.at(max(t - _HOUR_S, signal.row_interval(0)[0]))
+        dci_b, dci_g = ci[rb] - earlier[rb], ci[rg] - earlier[rg]
+        hour = (t % 86400.0) / _HOUR_S
+    else:
+        dci_b = dci_g = hour = math.nan
+    z[:] = (
+        carbon[g], carbon[b], carbon[b] - carbon[g],
+        base[g], base[b],
+        energy[g], energy[b], energy[b] - energy[g],
+        hist_b, ctx.n_new_m[mb], ctx.n_out_est_m[mb],
+        ctx.turn,
+        ctx.cached[b] / hist_b if hist_b > 0 else 0.0,
+        ctx.cached[g] / hist_g if hist_g > 0 else 0.0,
+        kv_b, kv_g,
+        ctx.free_slots[pb], ctx.free_slots[pg],
+        ci[rb], ci[rg], dci_b, dci_g,
+        hour,
+        mb != mg, d.gpu[b] != d.gpu[g], rb != rg,
+        ctx.quality[mb], ctx.quality[mg],
+    )
+    return z
+
+
+# ---------------------------------------------------------------------------------------------
+# Labels: the two-branch replay
+# ---------------------------------------------------------------------------------------------
+
+
+class TwoBranchLabeler:
+    """A gate that never blocks and records, at every switch opportunity, the features and the
+    two-branch label (module docstring, step 2).
+
+    Use it as ``CarbonRouter(delta=0.0, gate=labeler, pricing=...)`` in a replay of ``table``
+    (:func:`collect_opportunities` does): it returns −∞, so the routing is exactly the proposal
+    policy's. ``pricing`` must be the router's: the next turn of each branch is routed by the
+    same proposal rule.
+
+    Attributes
+    ----------
+    rows : list[dict]
+        One per opportunity: session, turn, row, g, b, the features, ``carbon_switch_g`` and
+        ``carbon_stay_g`` (this turn + next turn in each branch) and ``label`` (their
+        difference, gCO2e saved by staying).
+    """
+
+    name = "two-branch-labeler"
+
+    def __init__(self, table: pd.DataFrame, config: Any, pricing: bool = True) -> None:
+        self._deps = config.deployments()
+        self._constraints = ConstraintConfig(beta_q=config.beta_q, d_ttft_s=config.d_ttft_s)
+        self._new = prepared.model_matrix(table, "new_tokens").astype(np.float64)
+        self._hist = prepared.model_matrix(table, "history_tokens").astype(np.float64)
+        self._out = prepared.model_matrix(table, "output_tokens").astype(np.float64)
+        self._think = table["think_s"].to_numpy(dtype=np.float64)
+        self._last = (table["turn"].to_numpy() == table["n_turns"].to_numpy() - 1)
+        self._proposer = CarbonRouter(pricing=pricing)
+        self._ctx2 = QueryContext(self._deps)
+        self._cand2 = Candidates(self._deps.n)
+        self._z = np.empty(_N_F)
+        self.rows: list[dict] = []
+
+    def branch_carbon(self, ctx: QueryContext, a: int) -> float:
+        """Realized carbon, gCO2e, of serving the current query on ``a`` plus the session's next
+        turn routed by the proposal rule on the resulting (copied) backend; the other sessions
+        are frozen at the dispatch time."""
+        d = self._deps
+        i, s, t = ctx.row, ctx.session, ctx.time_s
+        m = int(d.model[a])
+        n_new, n_hist, n_out = self._new[i, m], self._hist[i, m], self._out[i, m]
+        cached = float(ctx.cached[a])
+        e_in, e_cache, e_out = float(d.e_in[a]), float(d.e_cache[a]), float(d.e_out[a])
+        now = ctx.ci[a] * cost.energy_kwh(e_in, e_cache, e_out, n_new, n_hist, cached, n_out)
+        if self._last[i]:
+            return float(now)
+        if ctx.backend is None or ctx.signal is None:
+            raise ValueError("TwoBranchLabeler needs ctx.backend and ctx.signal (run it inside "
+                             "simulate())")
+        be = ctx.backend.copy()
+        done = t + cost.ttft_s(n_new, n_hist, cached, float(d.v_pre[a])) + n_out / d.v_dec[a]
+        be.dispatch(s, a, t, int(n_hist + n_new + n_out))
+        be.complete(s, a, done)
+        t2 = done + self._think[i + 1]
+        be.advance(t2)
+        ctx2, cand2 = self._ctx2, self._cand2
+        ctx2.set_ci(ctx.signal.at(t2))
+        ctx2.fill_row(ctx.batch, i + 1, session=s, turn=ctx.turn + 1, prev=a,
+                      cached=be.session_caches(s), available=be.available(s),
+                      free_slots=be.free_slots(), time_s=t2)
+        feasibility(ctx2, self._constraints, out=cand2)
+        if cand2.rejected:  # no next-turn carbon in this branch
+            return float(now)
+        a2 = self._proposer.propose(cand2)
+        m2 = int(d.model[a2])
+        nxt = ctx2.ci[a2] * cost.energy_kwh(
+            float(d.e_in[a2]), float(d.e_cache[a2]), float(d.e_out[a2]), self._new[i + 1, m2],
+            self._hist[i + 1, m2], float(ctx2.cached[a2]), self._out[i + 1, m2])
+        return float(now + nxt)
+
+    def __call__(self, ctx: QueryContext, cand: Candidates, g: int, b: int) -> float:
+        z = gate_features(ctx, cand, g, b, self._z)
+        c_switch = self.branch_carbon(ctx, g)
+        c_stay = self.branch_carbon(ctx, b)
+        row = {"session": ctx.session, "turn": ctx.turn, "row": ctx.row, "g": g, "b": b}
+        row.update(zip(FEATURES, z.tolist(), strict=True))
+        row.update(carbon_switch_g=c_switch, carbon_stay_g=c_stay, label=c_switch - c_stay)
+        self.rows.append(row)
+        return -math.inf
+
+    def frame(self) -> pd.DataFrame:
+        """The opportunities as a table (columns: ids, :data:`FEATURES`, carbon of both
+        branches, ``label``)."""
+        cols = ["session", "turn", "row", "g", "b", *FEATURES,
+                "carbon_switch_g", "carbon_stay_g", "label"]
+        return pd.DataFrame(self.rows, columns=cols)
+
+
+def collect_opportunities(
+    table: pd.DataFrame,
+    config: Any = None,
+    signal: Any = None,
+    backend: Any = None,
+    pricing: bool = True,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Replay ``table`` with the proposal policy (CarbonRouter without gate, ``pricing`` as
+    given) and return every switch opportunity with its features and two-branch label
+    (:meth:`TwoBranchLabeler.frame`).
+
+    ``config``, ``signal``, ``backend``: as :func:`carbonrouter_lib.simulator.simulate`.
+    """
+    from carbonrouter_lib.carbon import CarbonConfig, CarbonSignal
+    from carbonrouter_lib.simulator import SimulationConfig, simulate
+
+    config = config or SimulationConfig()
+    if signal is None:
+        signal = CarbonSignal.from_config(CarbonConfig(year=config.carbon_year,
+                                                       regions=config.regions))
+    labeler = TwoBranchLabeler(table, config, pricing=pricing)
+    simulate(table, CarbonRouter(delta=0.0, gate=labeler, pricing=pricing), config, signal,
+             backend, progress=progress)
+    return labeler.frame()
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+
+
+def session_folds(sessions: Sequence[int] | np.ndarray, folds: int, seed: int) -> np.ndarray:
+    """Fold (0 … folds−1) of each session id: a SplitMix64 hash of (seed, session), so any
+    session id has a fold without a stored table and folds do not follow the id order."""
+    x = np.asarray(sessions, dtype=np.int64).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(seed & 0xFFFFFFFF) * np.uint64(0x9E3779B97F4A7C15)
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return (x % np.uint64(folds)).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class GateTrainingConfig:
+    """How a gate is trained (stored with it).
+
+    Attributes
+    ----------
+    folds
+        K session folds (≥ 3: one to route, one to validate, the rest to train on).
+    seed
+        Seed of the fold hash and of XGBoost's row / column subsampling.
+    deltas
+        The δ grid, gCO2e (must include +∞: "no gate" is always an option).
+    n_estimators, max_depth, learning_rate, subsample, colsample_bytree, min_child_weight
+        XGBoost regressor parameters (squared error, ``hist`` trees, one thread: deterministic).
+    """
+
+    folds: int = 5
+    seed: int = 0
+    deltas: tuple[float, ...] = (0.0, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, math.inf)
+    n_estimators: int = 300
+    max_depth: int = 5
+    learning_rate: float = 0.05
+    subsample: float = 0.8
+    colsample_bytree: float = 0.8
+    min_child_weight: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.folds, int) and self.folds >= 3):
+            raise ValueError(f"GateTrainingConfig.folds must be an int ≥ 3, got {self.folds!r}")
+        deltas = tuple(float(x) for x in self.deltas)
+        if any(math.isnan(x) for x in deltas) or math.inf not in deltas:
+            raise ValueError(f"GateTrainingConfig.deltas must be numbers and include +inf, got "
+                             f"{self.deltas!r}")
+        object.__setattr__(self, "deltas", tuple(sorted(set(deltas))))
+
+    def to_dict(self) -> dict:
+        """Plain-JSON form (+∞ as JSON ``Infinity``)."""
+        d = dataclasses.asdict(self)
+        d["deltas"] = list(d["deltas"])
+        return d
+
+    def xgb_params(self) -> dict:
+        return {"objective": "reg:squarederror", "tree_method": "hist", "nthread": 1,
+                "seed": self.seed, "max_depth": self.max_depth, "eta": self.learning_rate,
+                "subsample": self.subsample, "colsample_bytree": self.colsample_bytree,
+                "min_child_weight": self.min_child_weight}
+
+
+def _choose_delta(pred: np.ndarray, label: np.ndarray, deltas: Sequence[float]) -> float:
+    """The δ of the grid with the largest realized saving Σ label·[pred > δ] (gCO2e); ties go to
+    the larger δ (fewer blocks), so +∞ wins unless some δ saves carbon."""
+    best, best_saving = math.inf, 0.0
+    for delta in sorted(deltas, reverse=True):
+        saving = float(label[pred > delta].sum()) if delta < math.inf else 0.0
+        if saving > best_saving:
+            best, best_saving = delta, saving
+    return best
+
+
+def _errors(pred: np.ndarray, label: np.ndarray, prefix: str) -> dict[str, float]:
+    from scipy.stats import spearmanr
+
+    n = label.size
+    if n == 0:
+        return {f"{prefix}_{k}": math.nan for k in ("mae", "rmse", "r2", "spearman")}
+    res = label - pred
+    var = float(np.var(label))
+    rho = spearmanr(pred, label).statistic if n > 2 and np.ptp(pred) > 0 else math.nan
+    return {f"{prefix}_mae": float(np.mean(np.abs(res))),
+            f"{prefix}_rmse": float(np.sqrt(np.mean(res ** 2))),
+            f"{prefix}_r2": 1.0 - float(np.mean(res ** 2)) / var if var > 0 else math.nan,
+            f"{prefix}_spearman": float(rho)}
+
+
+class LearnedGate:
+    """The trained gate: one XGBoost regressor and one δ per session fold.
+
+    ``gate(ctx, cand, g, b)`` returns Â_f(z) − δ_f for the session's fold f (−∞ where δ_f = +∞,
+    without calling the model): use it with ``CarbonRouter(delta=0.0, gate=gate)``.
+    :meth:`advantage` gives Â itself. Save / load with :meth:`save` / :meth:`load` (one JSON
+    file with the models, δs, training parameters and report).
+
+    Attributes
+    ----------
+    deltas : list[float]
+        δ_f per fold, gCO2e.
+    report : pandas.DataFrame
+        Per fold: sizes, validation and test errors (MAE, RMSE, R², Spearman of Â vs the
+        label, and the MAE of predicting the training mean), δ_f, the realized label saving
+        at δ_f on the validation and test folds, and the oracle saving Σ max(label, 0).
+    meta : dict
+        Training parameters and provenance (setting, pricing, code version).
+    """
+
+    def __init__(self, boosters: Sequence[Any], deltas: Sequence[float], training:
+                 GateTrainingConfig, report: pd.DataFrame, meta: Mapping[str, Any]) -> None:
+        if len(boosters) != training.folds or len(deltas) != training.folds:
+            raise ValueError(f"LearnedGate: {len(boosters)} models and {len(deltas)} deltas for "
+                             f"{training.folds} folds")
+        self.boosters = list(boosters)
+        self.deltas = [float(x) for x in deltas]
+        self.training = training
+        self.report = report
+        self.meta = dict(meta)
+        self.name = f"xgboost-gate:{self.meta.get('key', 'unsaved')}"
+        self._fold: dict[int, int] = {}
+        self._x = np.empty((1, _N_F))
+
+    def fold_of(self, session: int) -> int:
+        f = self._fold.get(session)
+        if f is None:
+            f = self._fold[session] = int(session_folds([session], self.training.folds,
+                                                        self.training.seed)[0])
+        return f
+
+    def advantage(self, ctx: QueryContext, cand: Candidates, g: int, b: int) -> float:
+        """Â: predicted gCO2e saved by staying on b (model of the session's fold)."""
+        gate_features(ctx, cand, g, b, self._x[0])
+        return float(self.boosters[self.fold_of(ctx.session)].inplace_predict(self._x)[0])
+
+    def __call__(self, ctx: QueryContext, cand: Candidates, g: int, b: int) -> float:
+        delta = self.deltas[self.fold_of(ctx.session)]
+        if delta == math.inf:
+            return -math.inf
+        return self.advantage(ctx, cand, g, b) - delta
+
+    # ---- storage ----------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the gate to one JSON file, atomically."""
+        doc = {"format": 1, "features": list(FEATURES), "deltas": self.deltas,
+               "training": self.training.to_dict(), "meta": self.meta,
+               "report": json.loads(self.report.to_json(orient="records")),
+               "models": [bytes(b.save_raw(raw_format="json")).decode() for b in self.boosters]}
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps(doc, allow_nan=True))
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> LearnedGate:
+        """Read a gate written by :meth:`save`."""
+        import xgboost as xgb
+
+        path = Path(path)
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"cannot read a gate from {path}: {exc}") from None
+        if doc.get("format") != 1 or tuple(doc.get("features", ())) != FEATURES:
+            raise ValueError(f"{path}: not a gate of this version (format {doc.get('format')!r}, "
+                             f"features differ from gate.FEATURES)")
+        boosters = []
+        for raw in doc["models"]:
+            b = xgb.Booster()
+            b.load_model(bytearray(raw.encode()))
+            b.set_param({"nthread": 1})
+            boosters.append(b)
+        training = GateTrainingConfig(**{**doc["training"],
+                                         "deltas": tuple(doc["training"]["deltas"])})
+        return cls(boosters, doc["deltas"], training, pd.DataFrame(doc["report"]), doc["meta"])
+
+
+def train_gate(
+    opportunities: pd.DataFrame,
+    training: GateTrainingConfig | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> LearnedGate:
+    """Train the gate on the opportunities of :func:`collect_opportunities` (module docstring,
+    step 3): per fold f, an XGBoost regressor of the label on :data:`FEATURES` over the folds
+    other than f and v = f + 1 (mod K), δ_f chosen on fold v, errors reported on v and f."""
+    import xgboost as xgb
+
+    training = training or GateTrainingConfig()
+    missing = [c for c in (*FEATURES, "session", "label") if c not in opportunities.columns]
+    if missing:
+        raise ValueError(f"train_gate: opportunities lack columns {missing}")
+    y = opportunities["label"].to_numpy(np.float64)
+    if not np.isfinite(y).all():
+        bad = int(np.flatnonzero(~np.isfinite(y))[0])
+        raise ValueError(f"train_gate: label of opportunity row {bad} is not finite")
+    x = opportunities[list(FEATURES)].to_numpy(np.float64)
+    k = training.folds
+    fold = session_folds(opportunities["session"].to_numpy(), k, training.seed)
+    boosters, deltas, report = [], [], []
+    for f in range(k):
+        v = (f + 1) % k
+        tr, va, te = (fold != f) & (fold != v), fold == v, fold == f
+        info: dict[str, Any] = {"fold": f, "validation_fold": v, "n_train": int(tr.sum()),
+                                "n_validation": int(va.sum()), "n_test": int(te.sum())}
+        if tr.sum() < 2:  # too few opportunities to learn anything: never block
+            booster = xgb.train(training.xgb_params(),
+                                xgb.DMatrix(np.zeros((1, _N_F)), label=[0.0],
+                                            feature_names=list(FEATURES)), num_boost_round=0)
+            boosters.append(booster)
+            deltas.append(math.inf)
+            report.append(info | {"delta": math.inf})
+            continue
+        dtrain = xgb.DMatrix(x[tr], label=y[tr], feature_names=list(FEATURES))
+        booster = xgb.train(training.xgb_params(), dtrain, num_boost_round=training.n_estimators)
+        booster.set_param({"nthread": 1})
+        booster.feature_names = None  # inplace_predict on plain arrays
+        p_va = booster.inplace_predict(x[va]) if va.any() else np.empty(0)
+        p_te = booster.inplace_predict(x[te]) if te.any() else np.empty(0)
+        delta = _choose_delta(p_va, y[va], training.deltas)
+        mean = float(y[tr].mean())
+        info.update(_errors(p_va, y[va], "validation"))
+        info.update(_errors(p_te, y[te], "test"))
+        info.update(
+            validation_mae_mean=float(np.mean(np.abs(y[va] - mean))) if va.any() else math.nan,
+            test_mae_mean=float(np.mean(np.abs(y[te] - mean))) if te.any() else math.nan,
+            delta=delta,
+            validation_saving_g=float(y[va][p_va > delta].sum()) if delta < math.inf else 0.0,
+            test_saving_g=float(y[te][p_te > delta].sum()) if delta < math.inf else 0.0,
+            test_blocked=int((p_te > delta).sum()) if delta < math.inf else 0,
+            test_oracle_saving_g=float(np.maximum(y[te], 0.0).sum()),
+            test_positive=int((y[te] > 0).sum()),
+        )
+        boosters.append(booster)
+        deltas.append(delta)
+        report.append(info)
+    return LearnedGate(boosters, deltas, training, pd.DataFrame(report), meta or {})
+
+
+# ---------------------------------------------------------------------------------------------
+# Cached gates for a setting
+# ---------------------------------------------------------------------------------------------
+
+
+def _gate_key(workload_key: str, simulation: Mapping[str, Any], pricing: bool,
+              training: GateTrainingConfig) -> str:
+    doc = {"workload": workload_key, "simulation": dict(simulation), "pricing": pricing,
+           "training": training.to_dict(), "code": GATE_CODE_VERSION}
+    blob = json.dumps(doc, sort_keys=True, allow_nan=True, default=list)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def gate_path(workload_config: Any, simulation_config: Any, pricing: bool = True,
+              training: GateTrainingConfig | None = None,
+              cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where :func:`ensure_gate` stores the gate of this setting (default
+    ``derived_dir()/gates``)."""
+    from carbonrouter_lib.datasets import derived_dir
+
+    training = training or GateTrainingConfig()
+    key = _gate_key(workload_config.key(), simulation_config.to_dict(), pricing, training)
+    return Path(cache_dir or derived_dir() / "gates") / f"gate-{key}.json"
+
+
+def ensure_gate(
+    workload_config: Any,
+    simulation_config: Any,
+    pricing: bool = True,
+    training: GateTrainingConfig | Mapping[str, Any] | None = None,
+    table: pd.DataFrame | None = None,
+    signal: Any = None,
+    backend: Any = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> LearnedGate:
+    """The learned gate of a setting: the opportunities of the proposal policy (CarbonRouter
+    without gate, ``pricing`` as given) on the prepared workload, then :func:`train_gate`.
+
+    With a ``workload_config`` the gate is cached (:func:`gate_path`): loaded if present, else
+    trained and saved. With ``workload_config=None`` it is trained from ``table`` and not saved
+    (:func:`~carbonrouter_lib.simulator.simulate` does this for a policy given an untrained
+    learned gate). ``table`` / ``signal`` / ``backend``: the prepared workload, carbon signal and
+    capacity if already at hand (defaults: built from the configs).
+    """
+    from carbonrouter_lib.carbon import CarbonConfig, CarbonSignal
+    from carbonrouter_lib.simulator import backend_config
+
+    if not isinstance(training, GateTrainingConfig):
+        training = GateTrainingConfig(**{k: (tuple(v) if k == "deltas" else v)
+                                         for k, v in dict(training or {}).items()})
+    path = None
+    if workload_config is not None:
+        path = gate_path(workload_config, simulation_config, pricing, training, cache_dir)
+        if path.is_file():
+            return LearnedGate.load(path)
+        if table is None:
+            table = prepared.prepare_workload(workload_config)
+    elif table is None:
+        raise ValueError("ensure_gate: give a workload_config or a prepared table")
+    if signal is None:
+        signal = CarbonSignal.from_config(CarbonConfig(year=simulation_config.carbon_year,
+                                                       regions=simulation_config.regions))
+    if backend is None:
+        backend = backend_config(table, simulation_config)
+    opps = collect_opportunities(table, simulation_config, signal, backend, pricing=pricing)
+    meta = {"key": path.stem.removeprefix("gate-") if path else "unsaved",
+            "workload": workload_config.to_dict() if workload_config is not None else None,
+            "simulation": simulation_config.to_dict(), "backend": backend.to_dict(),
+            "pricing": pricing, "code": GATE_CODE_VERSION, "n_opportunities": len(opps),
+            "n_sessions": int(opps["session"].nunique()) if len(opps) else 0,
+            "label_mean_g": float(opps["label"].mean()) if len(opps) else math.nan,
+            "label_positive_share": float((opps["label"] > 0).mean()) if len(opps) else math.nan}
+    gate = train_gate(opps, training, meta)
+    if path is not None:
+        gate.save(path)
+    return gate
