@@ -13,7 +13,13 @@ Measures, on ONE pinned core with BLAS/OpenMP threads fixed to 1 (set before num
     the largest being 120 deployments × the full workload) and the Python-allocation peak of one
     replay (``tracemalloc``) of the default setting;
 (d) scaling of (b) with the number of regions (2, 4, 8 → 30, 60, 120 deployments; 2022
-    Electricity Maps zones added to the paper's regions) and of sessions (1K, 3K, all).
+    Electricity Maps zones added to the paper's regions) and of sessions (1K, 3K, all);
+(e) the learned gate's training for the default setting: the two-branch labelling replay
+    (``gate.collect_opportunities``) and the five XGBoost fits (``gate.train_gate``), wall s.
+
+CarbonRouter (and its no-pricing ablation) route with their learned gate, trained once per
+setting before the timed replays (so (a)–(d) time the routing with one XGBoost call per switch
+opportunity, not the training, which (e) measures).
 
 Run with ``.venv/bin/python benchmarks/bench_simulator.py`` (``--quick`` for fewer repeats).
 Prints a table and writes ``results/benchmarks/simulator.{csv,parquet}``. Targets (the issue):
@@ -41,10 +47,10 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from carbonrouter_lib import prepared, simulator  # noqa: E402
+from carbonrouter_lib import gate, prepared, simulator  # noqa: E402
 from carbonrouter_lib.carbon import REGION_SETS, CarbonConfig, CarbonSignal  # noqa: E402
 from carbonrouter_lib.outputs import save_table  # noqa: E402
-from carbonrouter_lib.policies import POLICIES  # noqa: E402
+from carbonrouter_lib.policies import POLICIES, make_policy  # noqa: E402
 
 #: Region sets of the scaling runs: the paper's four, its first two, and four more Electricity
 #: Maps zones with 2022 data (AT comes from ENTSO-E, as in every run).
@@ -54,7 +60,21 @@ REGIONS = {
     8: REGION_SETS["paper"] + ("CH", "DE", "FR", "NL"),
 }
 SESSIONS = (1000, 3000, None)  # None: all
-TARGET_POLICIES = ("faircarbon", "carbonrouter")
+TARGET_POLICIES = ("faircarbon", "carbonrouter", "carbonrouter-no-gate")
+_GATES: dict[tuple, gate.LearnedGate] = {}
+
+
+def _policy(name: str, table: pd.DataFrame, config: simulator.SimulationConfig,
+            signal: CarbonSignal):
+    """A fresh policy; a learned gate is trained once per (workload, setting, pricing) here."""
+    policy = make_policy(name)
+    if getattr(policy, "needs_training", False):
+        key = (id(table), config, policy.pricing)
+        if key not in _GATES:
+            _GATES[key] = gate.ensure_gate(None, config, policy.pricing, table=table,
+                                           signal=signal)
+        policy.set_gate(_GATES[key])
+    return policy
 
 
 def _row(measurement: str, policy: str, table: pd.DataFrame, n_regions: int, statistic: str,
@@ -70,8 +90,10 @@ def _row(measurement: str, policy: str, table: pd.DataFrame, n_regions: int, sta
 def decision_latency(table: pd.DataFrame, signal: CarbonSignal) -> list[dict]:
     """(a): per-query decision time of every policy over a full replay, µs."""
     rows = []
+    config = simulator.SimulationConfig()
     for name in POLICIES:
-        res = simulator.simulate(table, name, signal=signal, time_decisions=True)
+        res = simulator.simulate(table, _policy(name, table, config, signal), config,
+                                 signal=signal, time_decisions=True)
         us = res.decision_ns / 1e3
         for stat, value in (("p50", np.percentile(us, 50)), ("p99", np.percentile(us, 99)),
                             ("mean", us.mean()), ("max", us.max())):
@@ -87,8 +109,9 @@ def throughput(table: pd.DataFrame, policies, signal: CarbonSignal, regions: tup
     for name in policies:
         walls = []
         for _ in range(repeats):
+            policy = _policy(name, table, config, signal)
             t0 = time.perf_counter()
-            simulator.simulate(table, name, config, signal=signal)
+            simulator.simulate(table, policy, config, signal=signal)
             walls.append(time.perf_counter() - t0)
         med, best = statistics.median(walls), min(walls)
         for stat, value, unit in (("median_wall", med, "s"), ("best_wall", best, "s"),
@@ -100,13 +123,28 @@ def throughput(table: pd.DataFrame, policies, signal: CarbonSignal, regions: tup
 
 def replay_allocations(table: pd.DataFrame, signal: CarbonSignal) -> list[dict]:
     """(c): Python-allocation peak of one default replay (tracemalloc; slows the run)."""
+    config = simulator.SimulationConfig()
+    policy = _policy("carbonrouter", table, config, signal)
     tracemalloc.start()
     tracemalloc.reset_peak()
-    simulator.simulate(table, "carbonrouter", signal=signal)
+    simulator.simulate(table, policy, config, signal=signal)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return [_row("memory", "carbonrouter", table, 4, "tracemalloc_peak_replay", peak / 2**20,
                  "MiB")]
+
+
+def gate_training(table: pd.DataFrame, signal: CarbonSignal) -> list[dict]:
+    """(e): wall time of the labelling replay and of the training, default setting."""
+    config = simulator.SimulationConfig()
+    t0 = time.perf_counter()
+    opps = gate.collect_opportunities(table, config, signal)
+    t1 = time.perf_counter()
+    gate.train_gate(opps)
+    t2 = time.perf_counter()
+    return [_row("gate_training", "carbonrouter", table, 4, "labelling_wall", t1 - t0, "s"),
+            _row("gate_training", "carbonrouter", table, 4, "fit_wall", t2 - t1, "s"),
+            _row("gate_training", "carbonrouter", table, 4, "opportunities", len(opps), "rows")]
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
@@ -131,6 +169,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                for k, r in REGIONS.items()}
     rows = []
     t0 = time.perf_counter()
+    rows += gate_training(full, signals[4])
     rows += decision_latency(full, signals[4])
     rows += throughput(full, list(POLICIES), signals[4], REGIONS[4], repeats, "throughput")
     for k in (2, 8):

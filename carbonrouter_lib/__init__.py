@@ -17,9 +17,10 @@ One module per concept of the paper (arXiv 2610.35230):
 - ``deployments`` — the (model, GPU, region) candidates as arrays, in tie-break order
 - ``backend``   — the emulated backend: session slots, KV pools, TTL, LRU eviction (spec §6)
 - ``policies``  — shared feasibility and the routing policies (spec §5, §7), with a registry
+- ``gate``      — CarbonRouter's learned switch gate: features, two-branch labels, XGBoost, δ
 - ``simulator`` — the event-driven trace replay (spec §4–§6)
 - ``metrics``   — the metrics of spec §9 and paired session-level bootstrap CIs
-- ``experiments`` — Table 1 and the mechanism quantities from per-policy records
+- ``experiments`` — Tables 1 and 2, the mechanisms and the ablations by session length
 - ``sweep``     — parameter sweeps on Dask with a per-run cache (resumable)
 - ``notebooks`` — headless execution of the notebooks (``make reproduce``, ``make test``)
 - ``outputs``   — atomic writing of tables and figures

@@ -17,7 +17,8 @@ from carbonrouter_lib import metrics
 from carbonrouter_lib.carbon import CarbonConfig, CarbonSignal
 from carbonrouter_lib.simulator import SimulationConfig, backend_config, simulate
 
-__all__ = ["MAIN_POLICIES", "PAPER_TABLE1", "PAPER_MECHANISMS", "run_policies", "table1",
+__all__ = ["MAIN_POLICIES", "ABLATIONS", "PAPER_TABLE1", "PAPER_TABLE2", "PAPER_FIGURE5",
+           "PAPER_MECHANISMS", "run_policies", "table1", "table2", "ablation_by_session_length",
            "mechanisms"]
 
 #: Policies of Table 1, in the paper's row order.
@@ -41,6 +42,29 @@ PAPER_TABLE1 = pd.DataFrame(
         ("ShareGPT", "carbonrouter", 0.451, 0.979, 0.20, float("nan")),
     ],
     columns=["dataset", "policy", "co2_rel", "quality_rel", "p95_ttft_s", "saving_pct"],
+)
+
+#: CarbonRouter and its ablations (spec §7.6), Table 2's rows.
+ABLATIONS: tuple[str, ...] = ("carbonrouter", "carbonrouter-no-gate", "carbonrouter-no-pricing")
+
+_NAN = float("nan")
+#: The paper's Table 2 (ShareChat, spec §10): CO2 and energy normalized to Session-Affinity, P95
+#: TTFT (s), and each ablation's change over CarbonRouter (%) with its 95% CI.
+PAPER_TABLE2 = pd.DataFrame(
+    [
+        ("carbonrouter", 0.463, 0.826, 0.52, _NAN, _NAN, _NAN, _NAN, _NAN, _NAN),
+        ("carbonrouter-no-gate", 0.479, 0.854, 0.89, 3.5, 2.6, 4.6, 71.4, 60.3, 81.9),
+        ("carbonrouter-no-pricing", 0.504, 0.907, 0.74, 8.9, 7.8, 10.2, 42.4, 35.7, 49.6),
+    ],
+    columns=["policy", "co2_rel", "energy_rel", "p95_ttft_s", "dco2_pct", "dco2_low_pct",
+             "dco2_high_pct", "dttft_pct", "dttft_low_pct", "dttft_high_pct"],
+)
+
+#: The paper's Figure 5 numbers (ShareChat, spec §10): CO2 cost of removing the gate (%) and
+#: switches the gate blocks per session, overall and for sessions with > 30 turns.
+PAPER_FIGURE5 = pd.DataFrame(
+    [("all", 3.5, 0.7), ("> 30", 7.3, 4.1)],
+    columns=["group", "no_gate_dco2_pct", "gate_blocked_per_session"],
 )
 
 #: The paper's mechanism numbers (spec §10), for the figures' reference markers.
@@ -115,3 +139,64 @@ def mechanisms(records: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     cols = [c for c in MECHANISM_METRICS if c in summary.columns]
     return (summary[cols].rename_axis("policy").reset_index()
             .melt(id_vars="policy", var_name="metric", value_name="value"))
+
+
+def _changes(records: Mapping[str, pd.DataFrame], target: str, n_boot: int, seed: int,
+             sessions=None) -> pd.DataFrame:
+    """Each policy's CO2 and P95-TTFT change over ``target`` (%), paired bootstrap CIs."""
+    d_co2 = metrics.paired_table(records, target=target, kind="change", metric="carbon_g",
+                                 n_boot=n_boot, seed=seed, sessions=sessions)
+    d_ttft = metrics.paired_table(records, target=target, kind="change", metric="ttft_s",
+                                  statistic="p95", n_boot=n_boot, seed=seed, sessions=sessions)
+    cols = ["change_pct", "ci_low_pct", "ci_high_pct"]
+    return (d_co2[cols].set_axis(["dco2_pct", "dco2_low_pct", "dco2_high_pct"], axis=1)
+            .join(d_ttft[cols].set_axis(["dttft_pct", "dttft_low_pct", "dttft_high_pct"],
+                                        axis=1))
+            .rename_axis("policy"))
+
+
+def table2(records: Mapping[str, pd.DataFrame], n_boot: int = 2000, seed: int = 0,
+           reference: str = "session-affinity") -> pd.DataFrame:
+    """Table 2 (spec §10) from per-policy records holding ``reference`` and :data:`ABLATIONS`:
+    CO2 and energy normalized to the reference, P95 TTFT (s), each ablation's CO2 and P95-TTFT
+    change over CarbonRouter (%, paired session bootstrap 95% CIs), and the gate's activity
+    (switch opportunities and blocked switches per session)."""
+    missing = [p for p in (reference, *ABLATIONS) if p not in records]
+    if missing:
+        raise KeyError(f"table2: records lack {missing}")
+    summary = metrics.summary_table({p: records[p] for p in (reference, *ABLATIONS)})
+    norm = metrics.normalize(summary, reference=reference).loc[list(ABLATIONS)]
+    out = norm[["co2_rel", "energy_rel", "quality_rel", "p95_ttft_s"]].join(
+        _changes({p: records[p] for p in ABLATIONS}, ABLATIONS[0], n_boot, seed))
+    for col in ("switches_per_session", "switch_opportunities_per_session",
+                "gate_blocked_per_session", "share_history_recomputed"):
+        out[col] = summary.loc[list(ABLATIONS), col]
+    return out.rename_axis("policy").reset_index()
+
+
+def ablation_by_session_length(
+    records: Mapping[str, pd.DataFrame], thresholds: Sequence[int] = (5, 10, 20, 30),
+    n_boot: int = 2000, seed: int = 0,
+) -> pd.DataFrame:
+    """Figure 5 (spec §10) as a tidy table: per session-length group (all, > 5, > 10, …) and
+    variant of :data:`ABLATIONS`, the CO2 and P95-TTFT change over CarbonRouter (%) with paired
+    bootstrap CIs (resampled within the group), the P95 TTFT (s), switches and blocked switches
+    per session, and the group's size."""
+    rows = []
+    ablations = {p: records[p] for p in ABLATIONS}
+    ref = records[ABLATIONS[0]]
+    for label, t in [("all", 0)] + [(f"> {t}", t) for t in thresholds]:
+        ids = metrics.sessions_longer_than(ref, t)
+        if len(ids) == 0:
+            continue
+        change = _changes(ablations, ABLATIONS[0], n_boot, seed, sessions=ids)
+        for policy, rec in ablations.items():
+            sub = metrics.summarize(rec.loc[rec["session"].isin(ids)])
+            row = {"group": label, "more_than_turns": t, "policy": policy,
+                   "n_sessions": len(ids), "p95_ttft_s": sub["p95_ttft_s"],
+                   "switches_per_session": sub["switches_per_session"],
+                   "gate_blocked_per_session": sub["gate_blocked_per_session"]}
+            if policy in change.index:
+                row.update(change.loc[policy].to_dict())
+            rows.append(row)
+    return pd.DataFrame(rows)

@@ -408,18 +408,32 @@ class LearnedGate:
             return -math.inf
         return self.advantage(ctx, cand, g, b) - delta
 
+    def feature_importance(self) -> pd.DataFrame:
+        """Share of each feature in the models' total split gain (XGBoost ``total_gain``), per
+        fold and averaged: index :data:`FEATURES`, columns ``fold_0`` … and ``mean``."""
+        cols = {}
+        for f, booster in enumerate(self.boosters):
+            # Models are stored without feature names: XGBoost names them f0, f1, … in order.
+            score = booster.get_score(importance_type="total_gain")
+            gain = np.array([score.get(f"f{j}", score.get(name, 0.0))
+                             for j, name in enumerate(FEATURES)])
+            cols[f"fold_{f}"] = gain / gain.sum() if gain.sum() > 0 else gain
+        out = pd.DataFrame(cols, index=pd.Index(FEATURES, name="feature"))
+        out["mean"] = out.mean(axis=1)
+        return out.sort_values("mean", ascending=False)
+
     # ---- storage ----------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the gate to one JSON file, atomically."""
         doc = {"format": 1, "features": list(FEATURES), "deltas": self.deltas,
                "training": self.training.to_dict(), "meta": self.meta,
-               "report": json.loads(self.report.to_json(orient="records")),
+               "report": self.report.to_dict(orient="records"),
                "models": [bytes(b.save_raw(raw_format="json")).decode() for b in self.boosters]}
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:
-            tmp.write_text(json.dumps(doc, allow_nan=True))
+            tmp.write_text(json.dumps(doc, allow_nan=True, default=_json_scalar))
         return path
 
     @classmethod
@@ -444,6 +458,15 @@ class LearnedGate:
         training = GateTrainingConfig(**{**doc["training"],
                                          "deltas": tuple(doc["training"]["deltas"])})
         return cls(boosters, doc["deltas"], training, pd.DataFrame(doc["report"]), doc["meta"])
+
+
+def _json_scalar(x: Any) -> Any:
+    # numpy scalars in the report; JSON keeps ±Infinity (allow_nan), unlike DataFrame.to_json.
+    if isinstance(x, np.integer | np.bool_):
+        return x.item()
+    if isinstance(x, np.floating):
+        return float(x)
+    raise TypeError(f"not JSON-serializable: {type(x).__name__}")
 
 
 def train_gate(

@@ -30,7 +30,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +57,7 @@ __all__ = [
     "default_cache_dir",
     "grid_specs",
     "is_complete",
+    "run_named",
     "run_one",
     "run_sweep",
 ]
@@ -433,6 +434,17 @@ def run_sweep(
             f"first: policy {spec.policy!r}, key {spec.key()[:16]}…: {exc!r}"
         ) from exc
     return results
+
+
+def run_named(
+    specs: Mapping[Hashable, RunSpec], **kwargs: Any
+) -> dict[Hashable, pd.DataFrame]:
+    """:func:`run_sweep` over named runs: ``{name: spec}`` → ``{name: records}`` (names are any
+    hashable labels, e.g. ``(dataset, region set, policy)``; equal specs under two names run
+    once). Keyword arguments go to :func:`run_sweep` (where it runs, cache, progress); call
+    :func:`run_sweep` itself for the counters and wall time of :class:`SweepResults`."""
+    results = run_sweep(specs.values(), **kwargs)
+    return {name: results[spec.key()] for name, spec in specs.items()}
 
 
 def _run_distributed(

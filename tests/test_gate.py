@@ -177,6 +177,11 @@ def test_gate_round_trips_through_its_file(tmp_path):
         np.testing.assert_array_equal(a.inplace_predict(x), b.inplace_predict(x))
     assert back.deltas == gate.deltas and back.training == gate.training
     pd.testing.assert_frame_equal(back.report, gate.report, check_dtype=False)
+    # +∞ survives the file (a δ of +∞ means "never block")
+    inf_gate = LearnedGate(gate.boosters, [math.inf] * 5, gate.training,
+                           gate.report.assign(delta=math.inf), {})
+    back = LearnedGate.load(inf_gate.save(tmp_path / "inf.json"))
+    assert back.deltas == [math.inf] * 5 and (back.report["delta"] == math.inf).all()
     # Same data and seed: the same models, byte for byte.
     again = train_gate(frame, GateTrainingConfig(n_estimators=20), meta={"key": "test"})
     assert [bytes(b.save_raw("json")) for b in again.boosters] == [

@@ -1,0 +1,63 @@
+"""Tables 1–2 and the ablations by session length, on a small hand-made replay (values recomputed
+here from the records with plain pandas)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_simulator import ci_grid, conversation, make_table, run
+
+from carbonrouter_lib import experiments
+from carbonrouter_lib.policies import CarbonRouter
+
+
+def _records():
+    a, b = [100, 300] * 24, [300, 100] * 24
+    values = ci_grid(a, b)
+    table = make_table([conversation(10.0 + 41 * i, 3 + 4 * (i % 3), new=300 + 400 * i, out=80,
+                                     think=300.0, quality=(0.5,) * 5) for i in range(9)])
+    blocker = CarbonRouter(delta=0.0, gate=lambda ctx, cand, g, b: float(ctx.turn % 2))
+    recs = {"session-affinity": run(table, "session-affinity", values).records,
+            "carbonrouter": run(table, blocker, values).records,
+            "carbonrouter-no-gate": run(table, "carbonrouter-no-gate", values).records,
+            "carbonrouter-no-pricing": run(table, CarbonRouter(pricing=False, gate=None),
+                                           values).records}
+    return recs
+
+
+def test_table2_values_follow_from_the_records():
+    recs = _records()
+    assert recs["carbonrouter"]["gate_blocked"].any()  # the scenario exercises the gate
+    t = experiments.table2(recs, n_boot=200).set_index("policy")
+    assert list(t.index) == list(experiments.ABLATIONS)
+    co2 = {p: r["carbon_g"].sum() for p, r in recs.items()}
+    sessions = recs["carbonrouter"]["session"].nunique()
+    for p in experiments.ABLATIONS:
+        r = recs[p]
+        assert t.loc[p, "co2_rel"] == pytest.approx(co2[p] / co2["session-affinity"], rel=1e-12)
+        assert t.loc[p, "p95_ttft_s"] == pytest.approx(np.percentile(r["ttft_s"].dropna(), 95),
+                                                       rel=0.05)
+        assert t.loc[p, "gate_blocked_per_session"] == r["gate_blocked"].sum() / sessions
+    for p in experiments.ABLATIONS[1:]:
+        assert t.loc[p, "dco2_pct"] == pytest.approx(100 * (co2[p] / co2["carbonrouter"] - 1),
+                                                     rel=1e-9)
+        assert t.loc[p, "dco2_low_pct"] <= t.loc[p, "dco2_pct"] <= t.loc[p, "dco2_high_pct"]
+    assert np.isnan(t.loc["carbonrouter", "dco2_pct"])
+    with pytest.raises(KeyError, match="session-affinity"):
+        experiments.table2({p: recs[p] for p in experiments.ABLATIONS})
+
+
+def test_ablations_by_session_length_use_each_group_own_sessions():
+    recs = _records()
+    f = experiments.ablation_by_session_length(recs, thresholds=(3, 6), n_boot=100)
+    n_turns = recs["carbonrouter"].groupby("session")["n_turns"].first()
+    for group, t in (("all", 0), ("> 3", 3), ("> 6", 6)):
+        rows = f[f["group"] == group].set_index("policy")
+        ids = n_turns.index[n_turns > t]
+        assert (rows["n_sessions"] == len(ids)).all()
+        sub = {p: recs[p][recs[p]["session"].isin(ids)] for p in experiments.ABLATIONS}
+        want = 100 * (sub["carbonrouter-no-gate"]["carbon_g"].sum()
+                      / sub["carbonrouter"]["carbon_g"].sum() - 1)
+        assert rows.loc["carbonrouter-no-gate", "dco2_pct"] == pytest.approx(want, rel=1e-9)
+        assert rows.loc["carbonrouter", "gate_blocked_per_session"] == pytest.approx(
+            sub["carbonrouter"]["gate_blocked"].sum() / len(ids))
