@@ -211,6 +211,9 @@ def _print(result: pd.DataFrame) -> None:
         print("\n(c) memory")
         print(mem[["policy", "n_deployments", "statistic", "value", "unit"]]
               .to_string(index=False))
+        gt = result[result.measurement == "gate_training"]
+        print("\n(e) learned gate, default setting: labelling replay and 5 fits")
+        print(gt[["statistic", "value", "unit"]].to_string(index=False))
 
 
 if __name__ == "__main__":

@@ -221,10 +221,12 @@ def _table(workload_key: str, config: WorkloadConfig) -> pd.DataFrame:
     return prepare_workload(config)
 
 
-def run_one(spec: RunSpec) -> pd.DataFrame:
+def run_one(spec: RunSpec, gate_dir: str | os.PathLike | None = None) -> pd.DataFrame:
     """Replay ``spec`` and return its per-query records (:data:`.metrics.RECORD_COLUMNS` plus
     ``policy``), in dispatch order. Reads (or, if missing, builds) the prepared workload and the
-    carbon signal from their parquet caches."""
+    carbon signal from their parquet caches, and a learned gate from ``gate_dir`` (default
+    :func:`carbonrouter_lib.gate.gate_path`'s, ``derived_dir()/gates``), training and storing it
+    there first if it is missing."""
     wl = spec.workload_config()
     sim = spec.simulation_config()
     table = _table(wl.key(), wl)
@@ -233,7 +235,7 @@ def run_one(spec: RunSpec) -> pd.DataFrame:
     if isinstance(policy, CarbonRouter) and policy.needs_training:
         # Trained once per setting and cached (derived_dir()/gates), whichever worker gets it.
         policy.set_gate(ensure_gate(wl, sim, policy.pricing, policy.gate_training,
-                                    table=table, signal=signal))
+                                    table=table, signal=signal, cache_dir=gate_dir))
     res = simulate(table, policy, sim, signal=signal, backend=backend_config(table, sim))
     records = res.records.reset_index(drop=True)
     records.attrs = {}
@@ -353,7 +355,8 @@ def run_sweep(
         ``$CARBONROUTER_DASK_SCHEDULER`` if set, else a ``LocalCluster(n_workers, 1 thread per
         worker, processes)`` created for this call and closed at its end.
     cache_dir
-        Result cache (default :func:`default_cache_dir`).
+        Result cache (default :func:`default_cache_dir`). Learned gates trained by the runs go
+        to its ``gates`` folder when given, else to the default gate folder.
     progress
         Show a tqdm bar over runs (cached runs count as done from the start).
     serial
@@ -415,14 +418,18 @@ def run_sweep(
     try:
         if pending:
             _prepare_inputs(pending)
+        # Gates live beside a custom result cache (so an empty cache means a full rerun),
+        # else in the default gate folder, where notebooks find them with gate.ensure_gate.
+        gate_dir = None if cache_dir is None else str(cache / "gates")
         if pending and serial:
             for spec in pending:
                 try:
-                    finish(spec, run_one(spec))
+                    finish(spec, run_one(spec, gate_dir))
                 except Exception as exc:  # noqa: BLE001 — collected, re-raised below
                     failures.append((spec, exc))
         elif pending:
-            _run_distributed(pending, client, n_workers, connect_timeout, finish, failures)
+            _run_distributed(pending, client, n_workers, connect_timeout, finish, failures,
+                             gate_dir)
     finally:
         if bar is not None:
             bar.close()
@@ -454,6 +461,7 @@ def _run_distributed(
     connect_timeout: str,
     finish: Callable[[RunSpec, pd.DataFrame], None],
     failures: list[tuple[RunSpec, BaseException]],
+    gate_dir: str | None,
 ) -> None:
     from distributed import Client, LocalCluster, as_completed
 
@@ -478,7 +486,8 @@ def _run_distributed(
         by_key = {s.key(): s for s in pending}
         # Explicit keys: the same run submitted twice (e.g. two notebooks on one cluster) is
         # computed once by the scheduler.
-        futures = client.map(run_one, pending, key=[f"carbonrouter-run-{k}" for k in by_key])
+        futures = client.map(run_one, pending, gate_dir=gate_dir,
+                             key=[f"carbonrouter-run-{k}" for k in by_key])
         spec_of = {f.key: s for f, s in zip(futures, pending, strict=True)}
         for future in as_completed(futures):
             spec = spec_of[future.key]
