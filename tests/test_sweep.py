@@ -117,8 +117,9 @@ def test_dask_sweep_equals_serial_and_resume_skips_cached_runs(tmp_path, cluster
     # Interrupted sweep: only the first two runs made it to the cache.
     cache = tmp_path / "dask"
     run_sweep(specs[:2], cache_dir=cache, serial=True, progress=False)
-    mtimes = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
-    assert len(mtimes) == 4  # 2 × (parquet + sidecar)
+    mtimes = {p.name: p.stat().st_mtime_ns for p in cache.iterdir() if p.is_file()}
+    assert len(mtimes) == 4  # 2 × (parquet + sidecar); the learned gate is in cache/gates
+    assert len(list((cache / "gates").glob("gate-*.json"))) == 1  # one setting, one gate
 
     submitted: list[list[RunSpec]] = []
     res = run_sweep(specs, client=cluster, cache_dir=cache, progress=False,
