@@ -17,9 +17,9 @@ from carbonrouter_lib import metrics
 from carbonrouter_lib.carbon import CarbonConfig, CarbonSignal
 from carbonrouter_lib.simulator import SimulationConfig, backend_config, simulate
 
-__all__ = ["MAIN_POLICIES", "ABLATIONS", "PAPER_TABLE1", "PAPER_TABLE2", "PAPER_FIGURE5",
-           "PAPER_MECHANISMS", "run_policies", "table1", "table2", "ablation_by_session_length",
-           "mechanisms"]
+__all__ = ["MAIN_POLICIES", "ABLATIONS", "SENSITIVITY_AXES", "PAPER_TABLE1", "PAPER_TABLE2",
+           "PAPER_FIGURE5", "PAPER_MECHANISMS", "run_policies", "table1", "table2",
+           "ablation_by_session_length", "mechanisms"]
 
 #: Policies of Table 1, in the paper's row order.
 MAIN_POLICIES: tuple[str, ...] = (
@@ -43,6 +43,13 @@ PAPER_TABLE1 = pd.DataFrame(
     ],
     columns=["dataset", "policy", "co2_rel", "quality_rel", "p95_ttft_s", "saving_pct"],
 )
+
+#: The sensitivity grids around the paper defaults (spec §10): Table 3 (γ × κ) and Table 4
+#: (c × β_Q, KV memory scaled with c), as :func:`carbonrouter_lib.sweep.grid_specs` axes.
+SENSITIVITY_AXES: dict[str, dict[str, list[float]]] = {
+    "gamma_kappa": {"gamma": [0.025, 0.05, 0.1], "kappa": [5.0, 6.0, 8.0]},
+    "c_beta": {"c": [0.5, 0.35, 0.25], "beta_q": [0.8, 0.85, 0.9]},
+}
 
 #: CarbonRouter and its ablations (spec §7.6), Table 2's rows.
 ABLATIONS: tuple[str, ...] = ("carbonrouter", "carbonrouter-no-gate", "carbonrouter-no-pricing")
