@@ -63,6 +63,7 @@ __all__ = [
     "GATE_CODE_VERSION",
     "GateTrainingConfig",
     "LearnedGate",
+    "OracleGate",
     "TwoBranchLabeler",
     "collect_opportunities",
     "ensure_gate",
@@ -235,6 +236,24 @@ class TwoBranchLabeler:
         cols = ["session", "turn", "row", "g", "b", *FEATURES,
                 "carbon_switch_g", "carbon_stay_g", "label"]
         return pd.DataFrame(self.rows, columns=cols)
+
+
+class OracleGate:
+    """Perfect two-turn lookahead at switch opportunities: returns the realized two-branch label
+    of the live state (gCO2e saved by staying; :class:`TwoBranchLabeler`), so
+    ``CarbonRouter(delta=0.0, gate=OracleGate(...))`` stays exactly when staying is better over
+    this and the next turn. It reads the session's future (next turn's tokens, think time,
+    realized outputs, intensity): a ceiling for any gate of this form, not an online policy.
+    Registry: ``carbonrouter-oracle-gate``."""
+
+    name = "oracle-gate"
+
+    def __init__(self, table: pd.DataFrame, config: Any, pricing: bool = True) -> None:
+        self._labeler = TwoBranchLabeler(table, config, pricing=pricing)
+
+    def __call__(self, ctx: QueryContext, cand: Candidates, g: int, b: int) -> float:
+        branch = self._labeler.branch_carbon
+        return branch(ctx, g) - branch(ctx, b)
 
 
 def collect_opportunities(

@@ -204,7 +204,8 @@ def simulate(
         A policy object or a registry name (:data:`carbonrouter_lib.policies.POLICIES`). A
         CarbonRouter whose learned gate is not yet trained (``gate="learned"``, the default)
         gets it trained here on ``table`` with this setting (:func:`carbonrouter_lib.gate.
-        ensure_gate`, session-held-out folds; a few seconds for the full ShareGPT workload).
+        ensure_gate`, session-held-out folds; a few seconds for the full ShareGPT workload);
+        ``gate="oracle"`` gets the workload's :class:`carbonrouter_lib.gate.OracleGate`.
     config
         The setting (regions, carbon year, capacity factor, constraints, κ, γ).
     signal
@@ -241,13 +242,17 @@ def simulate(
         raise ValueError(f"signal regions {signal.regions} differ from config.regions "
                          f"{config.regions}")
     backend_cfg = backend or backend_config(table, config)
-    if isinstance(policy, CarbonRouter) and policy.needs_training:
+    build = policy.gate_to_build if isinstance(policy, CarbonRouter) else None
+    if build is not None:
         # The learned gate of this very setting, trained on this workload with session-held-out
-        # folds (lazy import: the gate module replays workloads itself).
-        from carbonrouter_lib.gate import ensure_gate
+        # folds, or the oracle of this workload (lazy import: the gate module replays workloads).
+        from carbonrouter_lib import gate as gates
 
-        policy.set_gate(ensure_gate(None, config, policy.pricing, policy.gate_training,
-                                    table=table, signal=signal, backend=backend_cfg))
+        if build == "oracle":
+            policy.set_gate(gates.OracleGate(table, config, pricing=policy.pricing))
+        else:
+            policy.set_gate(gates.ensure_gate(None, config, policy.pricing, policy.gate_training,
+                                              table=table, signal=signal, backend=backend_cfg))
     be = Backend(deps, backend_cfg)
     constraints = ConstraintConfig(beta_q=config.beta_q, d_ttft_s=config.d_ttft_s)
 

@@ -268,3 +268,28 @@ def test_collect_opportunities_matches_the_labeler():
     ref, _ = _labels(table, values)
     pd.testing.assert_frame_equal(frame, ref)
     assert set(FEATURES) <= set(frame.columns) and frame[list(FEATURES)].notna().all().all()
+
+
+def test_oracle_gate_stays_exactly_when_the_two_turn_label_says_so():
+    # B is barely cleaner enough at turn 1 (7.5 vs 100 gCO2e/kWh) and dirty again at turn 2
+    # (1,000): switching saves 100·1,675 − 7.5·21,150 = 8,875 now, but turn 2 then returns to A
+    # with a stale cache (150 tokens recomputed: 100·1,825 instead of 100·1,682.5 = 14,250 more).
+    values = ci_grid(100, [200, 200, 7.5, 7.5, 1000])
+    table = _scenario(3)
+    no_gate = run(table, "carbonrouter-no-gate", values).records
+    assert no_gate["deployment"].tolist() == [H100_A, H100_B, H100_A]  # the proposal moves
+    frame, _ = _labels(table, values)
+    switch = 7.5 * (20550 + KAPPA * 100) + 100 * (50 + 150 + GAMMA * 20500 + KAPPA * 100)
+    stay = 100 * (50 + GAMMA * 20500 + KAPPA * 100) + 100 * (50 + GAMMA * 20650 + KAPPA * 100)
+    # (turn 2 of the no-gate replay is an opportunity too: back to A, leaving B's cache)
+    assert frame["turn"].tolist() == [1, 2]
+    assert frame["label"].iloc[0] == pytest.approx((switch - stay) * E_IN, rel=1e-9)
+    assert switch > stay
+    oracle = run(table, "carbonrouter-oracle-gate", values).records
+    assert oracle["deployment"].tolist() == [H100_A, H100_A, H100_A]
+    assert oracle["gate_blocked"].tolist() == [False, True, False]
+    assert oracle["carbon_g"].sum() == pytest.approx(
+        no_gate["carbon_g"].sum() - (switch - stay) * E_IN, rel=1e-9)
+    # Where switching pays over both turns (B stays clean), the oracle lets it happen.
+    rec = run(table, "carbonrouter-oracle-gate", VALUES).records
+    assert not rec["gate_blocked"].any() and rec["deployment"].tolist()[1] == H100_B

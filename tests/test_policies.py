@@ -184,7 +184,7 @@ def test_best_effort_keeps_only_the_minimum_ttft():
     # With 60,000 cached it meets the bound (40,100 tokens ≈ 4.5 s): not best-effort.
     cand = feasibility(ctx_for(quality=ONLY_70B, n_hist=100_000, cached=cached_at(D2, {b: 60_000})))
     assert not cand.best_effort and np.flatnonzero(cand.mask).tolist() == [b]
-    # Every policy chooses inside the best-effort set.
+    # Every policy chooses inside the best-effort set (no switch opportunity: no gate needed).
     for name in POLICIES:
         assert decide(make_policy(name), ctx_for(quality=ONLY_70B, n_hist=100_000)) in h100
 
@@ -275,6 +275,8 @@ def test_every_policy_chooses_a_candidate(fields):
     for name in POLICIES:
         if name in ("carbonrouter", "carbonrouter-no-pricing"):  # the rule without a gate
             p = make_policy(name, gate=None)
+        elif name == "carbonrouter-oracle-gate":  # needs a replay (test_gate.py)
+            continue
         else:
             p = make_policy(name)
         if ctx.turn == 0:
@@ -498,12 +500,16 @@ def test_an_untrained_learned_gate_is_a_clear_error_only_where_it_would_be_calle
     p = CarbonRouter()  # the full system: gate="learned", δ = 0
     assert p.needs_training and p.params()["gate"] == "learned"
     assert decide(p, switch_ctx(RHO * 1.01)) == B_DEP  # no opportunity: no gate needed
-    with pytest.raises(RuntimeError, match="not been trained"):
+    with pytest.raises(RuntimeError, match="learned gate has not been built"):
         decide(p, switch_ctx(RHO * 0.5))  # an opportunity
     assert not make_policy("carbonrouter-no-gate").needs_training
     assert not CarbonRouter(delta=math.inf).needs_training  # never called: nothing to train
     p.set_gate(RecordingGate(1.0))
     assert not p.needs_training and decide(p, switch_ctx(RHO * 0.5)) == B_DEP
+    oracle = make_policy("carbonrouter-oracle-gate")
+    assert oracle.gate_to_build == "oracle" and not oracle.needs_training
+    with pytest.raises(RuntimeError, match="oracle gate has not been built"):
+        decide(oracle, switch_ctx(RHO * 0.5))
 
 
 class RecordingGate:
@@ -571,7 +577,8 @@ def test_gate_returning_nan_is_an_error():
 
 def test_registry_and_params():
     assert set(POLICIES) == {"session-affinity", "carbon-affinity", "gar", "faircarbon",
-                             "carbonrouter", "carbonrouter-no-gate", "carbonrouter-no-pricing"}
+                             "carbonrouter", "carbonrouter-no-gate", "carbonrouter-no-pricing",
+                             "carbonrouter-oracle-gate"}
     for name, cls in POLICIES.items():
         p = make_policy(name)
         assert isinstance(p, cls) and p.name == name

@@ -36,9 +36,11 @@ from carbonrouter_lib.policies.base import (
 )
 from carbonrouter_lib.policies.carbonrouter import (
     LEARNED,
+    ORACLE,
     CarbonRouter,
     CarbonRouterNoGate,
     CarbonRouterNoPricing,
+    CarbonRouterOracleGate,
     Gate,
 )
 from carbonrouter_lib.policies.oblivious import FairCarbon, GARDagger
@@ -59,8 +61,10 @@ __all__ = [
     "CarbonRouter",
     "CarbonRouterNoGate",
     "CarbonRouterNoPricing",
+    "CarbonRouterOracleGate",
     "Gate",
     "LEARNED",
+    "ORACLE",
 ]
 
 #: Registry name → policy class (the names used in results and notebooks).
@@ -72,6 +76,7 @@ POLICIES: dict[str, type[Policy]] = {
     "carbonrouter": CarbonRouter,
     "carbonrouter-no-gate": CarbonRouterNoGate,
     "carbonrouter-no-pricing": CarbonRouterNoPricing,
+    "carbonrouter-oracle-gate": CarbonRouterOracleGate,
 }
 
 

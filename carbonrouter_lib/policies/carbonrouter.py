@@ -30,11 +30,16 @@ from typing import Protocol
 
 from carbonrouter_lib.policies.base import Candidates, Policy, QueryContext
 
-__all__ = ["LEARNED", "Gate", "CarbonRouter", "CarbonRouterNoGate", "CarbonRouterNoPricing"]
+__all__ = ["LEARNED", "ORACLE", "Gate", "CarbonRouter", "CarbonRouterNoGate",
+           "CarbonRouterNoPricing", "CarbonRouterOracleGate"]
 
 #: ``gate=LEARNED``: the learned gate of :mod:`carbonrouter_lib.gate`, trained for the setting by
 #: the runner before the replay.
 LEARNED = "learned"
+#: ``gate=ORACLE``: :class:`carbonrouter_lib.gate.OracleGate`, perfect two-turn lookahead (the
+#: ceiling for any gate), built by the runner for the replayed workload.
+ORACLE = "oracle"
+_BUILT_BY_RUNNER = (LEARNED, ORACLE)
 
 
 class Gate(Protocol):
@@ -94,9 +99,9 @@ class CarbonRouter(Policy):
         if not (isinstance(delta, int | float) and not math.isnan(delta)):
             raise ValueError(f"CarbonRouter.delta must be a number (gCO2e; inf allowed), "
                              f"got {delta!r}")
-        if gate is not None and gate != LEARNED and not callable(gate):
-            raise ValueError(f"CarbonRouter.gate must be callable, {LEARNED!r} or None, "
-                             f"got {gate!r}")
+        if gate is not None and gate not in _BUILT_BY_RUNNER and not callable(gate):
+            raise ValueError(f"CarbonRouter.gate must be callable, {LEARNED!r}, {ORACLE!r} or "
+                             f"None, got {gate!r}")
         if not isinstance(pricing, bool):
             raise ValueError(f"CarbonRouter.pricing must be a bool, got {pricing!r}")
         if gate_training is not None and not isinstance(gate_training, dict):
@@ -113,10 +118,16 @@ class CarbonRouter(Policy):
         self.last_advantage = math.nan
 
     @property
+    def gate_to_build(self) -> str | None:
+        """:data:`LEARNED` or :data:`ORACLE` while that gate is still to be built for the
+        workload and set (:meth:`set_gate`) before the policy can route; None otherwise (also
+        with δ = +∞: the gate would never be called)."""
+        return self.gate if isinstance(self.gate, str) and self.delta < math.inf else None
+
+    @property
     def needs_training(self) -> bool:
-        """Whether the learned gate is still to be trained and set (:meth:`set_gate`) before
-        the policy can route (never with δ = +∞: the gate would not be called)."""
-        return isinstance(self.gate, str) and self.delta < math.inf
+        """Whether the learned gate is still to be trained (``gate_to_build == LEARNED``)."""
+        return self.gate_to_build == LEARNED
 
     def set_gate(self, gate: Gate | str | None) -> None:
         """Set the gate (e.g. the trained learned gate)."""
@@ -151,9 +162,9 @@ class CarbonRouter(Policy):
         if not self._gated:
             return g
         if isinstance(self.gate, str):
-            raise RuntimeError("CarbonRouter: the learned gate has not been trained; run the "
-                               "policy through simulate() or sweep.run_one(), or set_gate() a "
-                               "trained gate (carbonrouter_lib.gate.ensure_gate)")
+            raise RuntimeError(f"CarbonRouter: the {self.gate} gate has not been built; run the "
+                               f"policy through simulate() or sweep.run_one(), or set_gate() a "
+                               f"gate (carbonrouter_lib.gate.ensure_gate / OracleGate)")
         adv = float(self.gate(ctx, cand, g, b))
         if math.isnan(adv):
             raise ValueError(f"CarbonRouter: the gate returned NaN (session {s}, turn "
@@ -183,3 +194,14 @@ class CarbonRouterNoPricing(CarbonRouter):
     def __init__(self, delta: float = 0.0, gate: Gate | str | None = LEARNED,
                  gate_training: dict | None = None) -> None:
         super().__init__(delta=delta, gate=gate, pricing=False, gate_training=gate_training)
+
+
+class CarbonRouterOracleGate(CarbonRouter):
+    """CarbonRouter with the oracle gate (:class:`carbonrouter_lib.gate.OracleGate`): at each
+    switch opportunity it stays exactly when the realized two-turn label says staying saves
+    carbon — the ceiling of what any gate of this form can add (not an online policy)."""
+
+    name = "carbonrouter-oracle-gate"
+
+    def __init__(self, pricing: bool = True) -> None:
+        super().__init__(delta=0.0, gate=ORACLE, pricing=pricing)
