@@ -1,0 +1,279 @@
+"""The clairvoyant bound: a per-session offline optimum with hindsight (beyond the paper, spec §11).
+
+The paper gives no bound on how far an online router is from the best possible routing. This
+module computes, for every session, the least carbon any routing can reach in our simulator,
+under relaxations that make it a *lower bound* on the realized carbon of every policy (online or
+not) — the session's future turns, think times, outputs and carbon intensity are all known.
+
+The relaxed model (each relaxation can only lower the carbon a path is charged):
+
+1. **Capacity** is unlimited: every deployment is available, nothing is evicted or expires, no KV
+   overflow. Caches only shrink in the simulator, so a deployment's cached prefix is at most the
+   context after the last turn served there.
+2. **TTFT** is not constrained: the candidates of turn k are the deployments whose model passes
+   the quality threshold and whose context window fits the query (GPU-independent), a superset of
+   every policy's candidate set (§5: available ∧ quality ∧ context ∧ TTFT, or its best-effort
+   subset). A turn without such a deployment is rejected by every policy (carbon 0) and here too.
+3. **Time**: the intensity of a region for turn k is its *minimum* over every dispatch time a
+   policy can produce: from ``arrival + Σ think`` (zero service times) to that plus the longest
+   possible service of every earlier turn (full recomputation on the slowest feasible deployment
+   plus the realized decode).
+4. **GPUs**: within a (region, model), a GPU whose three energy coefficients are all at least
+   another's is dropped (merging its turns onto the better GPU of the same region and model keeps
+   every cache at least as long and every energy at most as large); with the analytical profiles
+   this keeps the H100 of each (region, model).
+5. **Caches of deployments other than the previous one**: a deployment served before is charged
+   as if it held the context up to turn k − 2 (the most it can hold when it did not serve turn
+   k − 1); one never served holds nothing (exact). Which deployments were served is tracked exactly
+   when a session has at most ``max_tracked`` candidate deployments, else per *region* (a
+   deployment counts as served before once its region was — more optimistic, still a bound).
+
+Dynamic programming over states (previous deployment, set of served deployments or regions)
+finds the optimal path of the relaxed model exactly (tested against brute force); the realized
+output lengths are used, as the simulator does. The bound is valid for every replay in which no
+query was rejected for lack of capacity (the relaxation gives those queries a deployment; the
+comparisons in the notebooks leave such sessions out and count them).
+
+Units: gCO2e, kWh, tokens, seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from carbonrouter_lib import prepared
+from carbonrouter_lib.deployments import Deployments
+from carbonrouter_lib.policies import ConstraintConfig, QueryBatch
+
+__all__ = ["BOUND_COLUMNS", "clairvoyant_bound", "bound_candidates", "session_bound_dp"]
+
+#: Columns of :func:`clairvoyant_bound`'s per-turn table.
+BOUND_COLUMNS = ("session", "turn", "n_turns", "deployment", "carbon_g", "energy_kwh",
+                 "ci_min", "tracking")
+
+
+def bound_candidates(deps: Deployments) -> np.ndarray:
+    """Deployment indices kept by relaxation 4: per (region, model), the GPUs not dominated by
+    another GPU of the same region and model in all of e_in, e_cache, e_out (equal profiles: the
+    first in index order)."""
+    e = np.stack([deps.e_in, deps.e_cache, deps.e_out], axis=1)
+    keep = []
+    for a in range(deps.n):
+        same = np.flatnonzero((deps.region == deps.region[a]) & (deps.model == deps.model[a]))
+        dominated = False
+        for b in same:
+            if b == a:
+                continue
+            le, lt = np.all(e[b] <= e[a]), np.any(e[b] < e[a])
+            if (le and lt) or (le and np.all(e[b] == e[a]) and b < a):
+                dominated = True
+                break
+        if not dominated:
+            keep.append(a)
+    return np.asarray(keep, dtype=np.int64)
+
+
+def session_bound_dp(
+    c_none: np.ndarray, c_rev: np.ndarray, c_full: np.ndarray, feasible: np.ndarray,
+    group: np.ndarray,
+) -> tuple[float, np.ndarray, np.ndarray]:
+    """Exact minimum of the relaxed model over one session's paths.
+
+    Parameters
+    ----------
+    c_none, c_rev, c_full : (K, n) float
+        Carbon of turn k on candidate j when j was never served before, when it was (but not at
+        k − 1), and when it served turn k − 1, gCO2e.
+    feasible : (K, n) bool
+        Candidates of each turn; a turn with none is skipped (rejected by every policy).
+    group : (n,) int
+        Tracking group of each candidate (0 … G−1): "served before" is known per group (one group
+        per candidate: exact tracking).
+
+    Returns
+    -------
+    (total, path, kind)
+        Minimum total carbon; the chosen candidate per turn (−1 where skipped) and which cost
+        applied (0: never served before, 1: served before, 2: served turn k − 1; −1 skipped).
+    """
+    k_turns, n = feasible.shape
+    n_groups = int(group.max()) + 1 if n else 0
+    n_sets = 1 << n_groups
+    none = n  # "no previous deployment"
+    dp = np.full((n + 1, n_sets), np.inf)
+    dp[none, 0] = 0.0
+    sets = np.arange(n_sets)
+    back_p = np.zeros((k_turns, n + 1, n_sets), dtype=np.int32)
+    back_s = np.zeros((k_turns, n + 1, n_sets), dtype=np.int32)
+    served = np.zeros(k_turns, dtype=bool)
+    for k in range(k_turns):
+        cand = np.flatnonzero(feasible[k])
+        if cand.size == 0:
+            continue
+        served[k] = True
+        new = np.full_like(dp, np.inf)
+        for j in cand:
+            bit = 1 << int(group[j])
+            in_set = (sets & bit) != 0  # (n_sets,)
+            cost = np.where(in_set, c_rev[k, j], c_none[k, j])[None, :].repeat(n + 1, axis=0)
+            cost[j, :] = c_full[k, j]
+            total = dp + cost
+            p_best = np.argmin(total, axis=0)  # first minimum: lowest previous index
+            v_best = total[p_best, sets]
+            target = sets | bit
+            # Per target set, the smallest value (ties: the smallest source set).
+            order = np.lexsort((sets, v_best, target))
+            first = np.ones(order.size, dtype=bool)
+            first[1:] = target[order][1:] != target[order][:-1]
+            src = order[first]
+            tgt = target[src]
+            better = v_best[src] < new[j, tgt]
+            new[j, tgt[better]] = v_best[src][better]
+            back_p[k, j, tgt[better]] = p_best[src][better]
+            back_s[k, j, tgt[better]] = src[better]
+        dp = new
+    if not served.any():
+        return 0.0, np.full(k_turns, -1), np.full(k_turns, -1)
+    flat = int(np.argmin(dp))
+    p, s = divmod(flat, n_sets)
+    total = float(dp[p, s])
+    path = np.full(k_turns, -1)
+    kind = np.full(k_turns, -1)
+    for k in range(k_turns - 1, -1, -1):
+        if not served[k]:
+            continue
+        path[k] = p
+        p, s = int(back_p[k, p, s]), int(back_s[k, p, s])
+    # Which cost applied at each turn of the path (the DP stores totals only).
+    seen: set[int] = set()
+    prev = -1
+    for k in range(k_turns):
+        j = int(path[k])
+        if j < 0:
+            continue
+        kind[k] = 2 if j == prev else (1 if int(group[j]) in seen else 0)
+        seen.add(int(group[j]))
+        prev = j
+    return total, path, kind
+
+
+def clairvoyant_bound(
+    table: pd.DataFrame,
+    config: Any = None,
+    signal: Any = None,
+    max_tracked: int = 8,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """The clairvoyant bound of every session of a prepared workload (module docstring).
+
+    Parameters
+    ----------
+    table
+        Prepared workload (rows grouped by session, turns in order).
+    config
+        :class:`~carbonrouter_lib.simulator.SimulationConfig` (regions, carbon year, β_Q, κ, γ).
+    signal
+        Carbon signal (default: from ``config``).
+    max_tracked
+        Sessions with at most this many candidate deployments track "served before" per
+        deployment (exact), others per region.
+    progress
+        tqdm bar over sessions.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per query (:data:`BOUND_COLUMNS`): the bound's deployment (−1: no feasible
+        deployment, rejected by every policy), its relaxed carbon (gCO2e) and energy (kWh), the
+        window-minimum intensity used, and ``tracking`` ("deployment" or "region").
+        ``carbon_g.sum()`` per session is the session's bound.
+    """
+    from carbonrouter_lib.carbon import CarbonConfig, CarbonSignal
+    from carbonrouter_lib.simulator import SimulationConfig
+
+    config = config or SimulationConfig()
+    if signal is None:
+        signal = CarbonSignal.from_config(CarbonConfig(year=config.carbon_year,
+                                                       regions=config.regions))
+    if tuple(signal.regions) != tuple(config.regions):
+        raise ValueError(f"signal regions {signal.regions} differ from config.regions "
+                         f"{config.regions}")
+    deps = config.deployments()
+    constraints = ConstraintConfig(beta_q=config.beta_q, d_ttft_s=config.d_ttft_s)
+    new = prepared.model_matrix(table, "new_tokens").astype(np.float64)
+    hist = prepared.model_matrix(table, "history_tokens").astype(np.float64)
+    out = prepared.model_matrix(table, "output_tokens").astype(np.float64)
+    est = prepared.model_matrix(table, "est_output_tokens").astype(np.float64)
+    qual = prepared.model_matrix(table, "quality").astype(np.float64)
+    batch = QueryBatch(deps, new, hist, est, qual, constraints)
+    feasible_all = batch.ok  # quality ∧ context window, per query × deployment (no TTFT)
+    session = table["session"].to_numpy(np.int64)
+    turn = table["turn"].to_numpy(np.int64)
+    n_turns = table["n_turns"].to_numpy(np.int64)
+    arrival = table["arrival_s"].to_numpy(np.float64)
+    think = table["think_s"].to_numpy(np.float64)
+    if not (np.all(np.diff(session) >= 0)):
+        raise ValueError("clairvoyant_bound: table rows must be grouped by session")
+    starts = np.flatnonzero(turn == 0)
+    if starts.size == 0 or starts[0] != 0:
+        raise ValueError("clairvoyant_bound: the table must start with a session's turn 0")
+    ends = np.append(starts[1:], len(table))
+
+    # Longest possible service of each query on any feasible deployment: full recomputation
+    # (TTFT with nothing cached) plus the realized decode (s); 0 if rejected.
+    m_of = deps.model
+    serve = ((new[:, m_of] + hist[:, m_of]) / deps.v_pre + out[:, m_of] / deps.v_dec)
+    max_service = np.where(feasible_all, serve, 0.0).max(axis=1)
+
+    grid = signal.frame.to_numpy(np.float64)
+    end_s = signal.row_interval(len(grid) - 1)[1]
+    cand = bound_candidates(deps)
+    region_c, model_c = deps.region[cand], deps.model[cand]
+    e_in, e_cache, e_out = deps.e_in[cand], deps.e_cache[cand], deps.e_out[cand]
+
+    rows: list[pd.DataFrame] = []
+    it = zip(starts.tolist(), ends.tolist(), strict=True)
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(list(it), desc="clairvoyant bound", unit="session", mininterval=1.0)
+    for i0, i1 in it:
+        k_turns = i1 - i0
+        lo = arrival[i0] + np.concatenate([[0.0], np.cumsum(think[i0 + 1:i1])])
+        hi = lo + np.concatenate([[0.0], np.cumsum(max_service[i0:i1 - 1])])
+        r_lo = np.array([signal.row_index(t) for t in lo])  # outside the coverage: an error
+        r_hi = np.array([signal.row_index(t) if t < end_s else len(grid) - 1 for t in hi])
+        ci_min = np.stack([grid[a:b + 1].min(axis=0) for a, b in zip(r_lo, r_hi, strict=True)])
+        feas_s = feasible_all[i0:i1][:, cand]
+        used = np.flatnonzero(feas_s.any(axis=0))
+        feas = feas_s[:, used]
+        m, r = model_c[used], region_c[used]
+        n_new, n_hist, n_out = new[i0:i1][:, m], hist[i0:i1][:, m], out[i0:i1][:, m]
+        # Cached prefix when the deployment served before but not at k − 1: the context up to
+        # turn k − 2 = the history of turn k − 1 (0 for k = 0).
+        h_prev = np.vstack([np.zeros((1, used.size)), n_hist[:-1]])
+        ei, ec, eo = e_in[used], e_cache[used], e_out[used]
+        e_none = ei * (n_new + n_hist) + eo * n_out
+        e_full = ei * n_new + ec * n_hist + eo * n_out
+        e_rev = ei * n_new + ec * h_prev + ei * (n_hist - h_prev) + eo * n_out
+        ci = ci_min[:, r]
+        if used.size <= max_tracked:
+            group, tracking = np.arange(used.size), "deployment"
+        else:
+            _, group = np.unique(r, return_inverse=True)
+            tracking = "region"
+        _, path, kind = session_bound_dp(ci * e_none, ci * e_rev, ci * e_full, feas, group)
+        ks, js = np.arange(k_turns), np.maximum(path, 0)
+        energy = np.choose(np.maximum(kind, 0), [e_none[ks, js], e_rev[ks, js], e_full[ks, js]])
+        energy = np.where(path >= 0, energy, 0.0)
+        ci_used = np.where(path >= 0, ci[ks, js], np.nan)
+        rows.append(pd.DataFrame({
+            "session": session[i0:i1], "turn": turn[i0:i1], "n_turns": n_turns[i0:i1],
+            "deployment": np.where(path >= 0, cand[used][js], -1),
+            "carbon_g": np.where(path >= 0, ci_used * energy, 0.0), "energy_kwh": energy,
+            "ci_min": ci_used, "tracking": tracking,
+        }))
+    return pd.concat(rows, ignore_index=True)
