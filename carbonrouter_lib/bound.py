@@ -25,8 +25,9 @@ The relaxed model (each relaxation can only lower the carbon a path is charged):
 5. **Caches of deployments other than the previous one**: a deployment served before is charged
    as if it held the context up to turn k − 2 (the most it can hold when it did not serve turn
    k − 1); one never served holds nothing (exact). Which deployments were served is tracked exactly
-   when a session has at most ``max_tracked`` candidate deployments, else per *region* (a
-   deployment counts as served before once its region was — more optimistic, still a bound).
+   when a session has at most ``max_tracked`` candidate deployments; otherwise a deployment counts
+   as served before once its region *and* its model have each been served (by any deployment) —
+   a necessary condition, so more optimistic, still a bound, with a state of 2^(regions + models).
 
 Dynamic programming over states (previous deployment, set of served deployments or regions)
 finds the optimal path of the relaxed model exactly (tested against brute force); the realized
@@ -78,7 +79,7 @@ def bound_candidates(deps: Deployments) -> np.ndarray:
 
 def session_bound_dp(
     c_none: np.ndarray, c_rev: np.ndarray, c_full: np.ndarray, feasible: np.ndarray,
-    group: np.ndarray,
+    flags: np.ndarray,
 ) -> tuple[float, np.ndarray, np.ndarray]:
     """Exact minimum of the relaxed model over one session's paths.
 
@@ -89,9 +90,10 @@ def session_bound_dp(
         k − 1), and when it served turn k − 1, gCO2e.
     feasible : (K, n) bool
         Candidates of each turn; a turn with none is skipped (rejected by every policy).
-    group : (n,) int
-        Tracking group of each candidate (0 … G−1): "served before" is known per group (one group
-        per candidate: exact tracking).
+    flags : (n,) int
+        Bit mask of each candidate over the tracked flags: serving j sets its bits, and j counts
+        as served before when all its bits are set (one bit per candidate: exact tracking; a
+        region bit and a model bit: the necessary condition of the module docstring).
 
     Returns
     -------
@@ -100,8 +102,9 @@ def session_bound_dp(
         applied (0: never served before, 1: served before, 2: served turn k − 1; −1 skipped).
     """
     k_turns, n = feasible.shape
-    n_groups = int(group.max()) + 1 if n else 0
-    n_sets = 1 << n_groups
+    flags = np.asarray(flags, dtype=np.int64)
+    n_bits = int(flags.max()).bit_length() if n else 0
+    n_sets = 1 << n_bits
     none = n  # "no previous deployment"
     dp = np.full((n + 1, n_sets), np.inf)
     dp[none, 0] = 0.0
@@ -116,8 +119,8 @@ def session_bound_dp(
         served[k] = True
         new = np.full_like(dp, np.inf)
         for j in cand:
-            bit = 1 << int(group[j])
-            in_set = (sets & bit) != 0  # (n_sets,)
+            bit = int(flags[j])
+            in_set = (sets & bit) == bit  # (n_sets,)
             cost = np.where(in_set, c_rev[k, j], c_none[k, j])[None, :].repeat(n + 1, axis=0)
             cost[j, :] = c_full[k, j]
             total = dp + cost
@@ -148,14 +151,15 @@ def session_bound_dp(
         path[k] = p
         p, s = int(back_p[k, p, s]), int(back_s[k, p, s])
     # Which cost applied at each turn of the path (the DP stores totals only).
-    seen: set[int] = set()
+    seen = 0
     prev = -1
     for k in range(k_turns):
         j = int(path[k])
         if j < 0:
             continue
-        kind[k] = 2 if j == prev else (1 if int(group[j]) in seen else 0)
-        seen.add(int(group[j]))
+        bit = int(flags[j])
+        kind[k] = 2 if j == prev else (1 if seen & bit == bit else 0)
+        seen |= bit
         prev = j
     return total, path, kind
 
@@ -188,7 +192,7 @@ def clairvoyant_bound(
     pandas.DataFrame
         One row per query (:data:`BOUND_COLUMNS`): the bound's deployment (−1: no feasible
         deployment, rejected by every policy), its relaxed carbon (gCO2e) and energy (kWh), the
-        window-minimum intensity used, and ``tracking`` ("deployment" or "region").
+        window-minimum intensity used, and ``tracking`` ("deployment" or "region+model").
         ``carbon_g.sum()`` per session is the session's bound.
     """
     from carbonrouter_lib.carbon import CarbonConfig, CarbonSignal
@@ -260,19 +264,26 @@ def clairvoyant_bound(
         e_full = ei * n_new + ec * n_hist + eo * n_out
         e_rev = ei * n_new + ec * h_prev + ei * (n_hist - h_prev) + eo * n_out
         ci = ci_min[:, r]
-        if used.size <= max_tracked:
-            group, tracking = np.arange(used.size), "deployment"
+        if used.size <= max(max_tracked, 0) or used.size == 0:
+            flags, tracking = 1 << np.arange(used.size), "deployment"
         else:
-            _, group = np.unique(r, return_inverse=True)
-            tracking = "region"
-        _, path, kind = session_bound_dp(ci * e_none, ci * e_rev, ci * e_full, feas, group)
+            _, r_bit = np.unique(r, return_inverse=True)
+            _, m_bit = np.unique(m, return_inverse=True)
+            flags = (1 << r_bit) | (1 << (r_bit.max() + 1 + m_bit))
+            tracking = "region+model"
+        _, path, kind = session_bound_dp(ci * e_none, ci * e_rev, ci * e_full, feas, flags)
         ks, js = np.arange(k_turns), np.maximum(path, 0)
-        energy = np.choose(np.maximum(kind, 0), [e_none[ks, js], e_rev[ks, js], e_full[ks, js]])
-        energy = np.where(path >= 0, energy, 0.0)
-        ci_used = np.where(path >= 0, ci[ks, js], np.nan)
+        if used.size:
+            energy = np.choose(np.maximum(kind, 0),
+                               [e_none[ks, js], e_rev[ks, js], e_full[ks, js]])
+            energy = np.where(path >= 0, energy, 0.0)
+            ci_used = np.where(path >= 0, ci[ks, js], np.nan)
+        else:  # no turn of the session has a feasible deployment: all rejected
+            energy, ci_used, js = np.zeros(k_turns), np.full(k_turns, np.nan), ks * 0
+            cand_used = np.zeros(1, dtype=np.int64)
         rows.append(pd.DataFrame({
             "session": session[i0:i1], "turn": turn[i0:i1], "n_turns": n_turns[i0:i1],
-            "deployment": np.where(path >= 0, cand[used][js], -1),
+            "deployment": np.where(path >= 0, (cand[used] if used.size else cand_used)[js], -1),
             "carbon_g": np.where(path >= 0, ci_used * energy, 0.0), "energy_kwh": energy,
             "ci_min": ci_used, "tracking": tracking,
         }))

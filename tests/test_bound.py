@@ -27,8 +27,8 @@ from carbonrouter_lib.bound import bound_candidates, clairvoyant_bound, session_
 from carbonrouter_lib.policies import CarbonRouter, Policy
 
 
-def brute_force(c_none, c_rev, c_full, feasible, group) -> float:
-    """Every path, its relaxed cost with an explicit set of served groups."""
+def brute_force(c_none, c_rev, c_full, feasible, flags) -> float:
+    """Every path, its relaxed cost with an explicit set of served flags."""
     k_turns, n = feasible.shape
     choices = [np.flatnonzero(feasible[k]).tolist() or [-1] for k in range(k_turns)]
     best = math.inf
@@ -37,13 +37,14 @@ def brute_force(c_none, c_rev, c_full, feasible, group) -> float:
         for k, j in enumerate(path):
             if j < 0:
                 continue
+            mine = {b for b in range(16) if flags[j] >> b & 1}
             if j == prev:
                 total += c_full[k, j]
-            elif group[j] in seen:
+            elif mine <= seen:
                 total += c_rev[k, j]
             else:
                 total += c_none[k, j]
-            seen.add(group[j])
+            seen |= mine
             prev = j
         best = min(best, total)
     return 0.0 if best == math.inf else best
@@ -57,24 +58,38 @@ def instances(draw):
     rev = full + rng.uniform(0, 10, (k_turns, n))
     none = rev + rng.uniform(0, 10, (k_turns, n))
     feasible = rng.random((k_turns, n)) < draw(st.floats(0.3, 1.0))
-    regions = draw(st.booleans())
-    group = rng.integers(0, 2, n) if regions else np.arange(n)
-    _, group = np.unique(group, return_inverse=True)
-    return none, rev, full, feasible, group
+    mode = draw(st.sampled_from(["exact", "region", "region+model"]))
+    if mode == "exact":
+        flags = 1 << np.arange(n)
+    else:  # deployments on 2 regions × 2 models: one region bit (and one model bit)
+        region, model = rng.integers(0, 2, n), rng.integers(0, 2, n)
+        flags = (1 << region) | ((1 << (2 + model)) if mode == "region+model" else 0)
+    return none, rev, full, feasible, flags
 
 
 @settings(max_examples=150, deadline=None)
 @given(instances())
 def test_dp_equals_brute_force(case):
-    none, rev, full, feasible, group = case
-    total, path, kind = session_bound_dp(none, rev, full, feasible, group)
-    assert total == pytest.approx(brute_force(none, rev, full, feasible, group), abs=1e-9)
+    none, rev, full, feasible, flags = case
+    total, path, kind = session_bound_dp(none, rev, full, feasible, flags)
+    assert total == pytest.approx(brute_force(none, rev, full, feasible, flags), abs=1e-9)
     # The returned path is feasible and its cost is the total.
     cost = [(none, rev, full)[kd][k, j] for k, (j, kd) in enumerate(zip(path, kind,
                                                                          strict=True)) if j >= 0]
     assert sum(cost) == pytest.approx(total, abs=1e-9)
     assert all(feasible[k, j] for k, j in enumerate(path) if j >= 0)
     assert all((j < 0) == (not feasible[k].any()) for k, j in enumerate(path))
+
+
+def test_coarser_tracking_gives_a_lower_bound():
+    table = make_table([conversation(0.0, 4, new=2000, out=300, think=400.0,
+                                     quality=(0.5,) * 5)])
+    signal = make_signal(ci_grid([100, 40, 200, 80], [90, 150, 30, 300]))
+    exact = clairvoyant_bound(table, CONFIG, signal, max_tracked=64)
+    coarse = clairvoyant_bound(table, CONFIG, signal, max_tracked=0)
+    assert set(exact["tracking"]) == {"deployment"} and set(coarse["tracking"]) == {
+        "region+model"}
+    assert coarse["carbon_g"].sum() <= exact["carbon_g"].sum() * (1 + 1e-12)
 
 
 def test_candidates_are_the_dominant_gpu_of_each_region_and_model():
@@ -104,11 +119,11 @@ def _capacity_rejected_sessions(records, bound) -> set[int]:
 
 
 @settings(max_examples=40, deadline=None)
-@given(workloads(), st.integers(0, 3))
-def test_bound_is_below_every_policy_on_random_traces(case, seed):
+@given(workloads(), st.integers(0, 3), st.sampled_from([8, 0]))
+def test_bound_is_below_every_policy_on_random_traces(case, seed, max_tracked):
     table, values, backend, _ = case
     signal = make_signal(values)
-    bound = clairvoyant_bound(table, CONFIG, signal)
+    bound = clairvoyant_bound(table, CONFIG, signal, max_tracked=max_tracked)
     per_session = bound.groupby("session")["carbon_g"].sum()
     policies = [*POLICY_NAMES, "carbonrouter", "carbonrouter-oracle-gate",
                 CarbonRouter(delta=0.5, gate=lambda *_: 1.0), RandomPolicy(seed)]
