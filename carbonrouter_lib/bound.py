@@ -40,6 +40,11 @@ Units: gCO2e, kWh, tokens, seconds.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,9 +52,11 @@ import pandas as pd
 
 from carbonrouter_lib import prepared
 from carbonrouter_lib.deployments import Deployments
+from carbonrouter_lib.outputs import atomic_path
 from carbonrouter_lib.policies import ConstraintConfig, QueryBatch
 
-__all__ = ["BOUND_COLUMNS", "clairvoyant_bound", "bound_candidates", "session_bound_dp"]
+__all__ = ["BOUND_CODE_VERSION", "BOUND_COLUMNS", "bound_candidates", "bound_comparison",
+           "capacity_rejected_sessions", "clairvoyant_bound", "ensure_bound", "session_bound_dp"]
 
 #: Columns of :func:`clairvoyant_bound`'s per-turn table.
 BOUND_COLUMNS = ("session", "turn", "n_turns", "deployment", "carbon_g", "energy_kwh",
@@ -288,3 +295,81 @@ def clairvoyant_bound(
             "ci_min": ci_used, "tracking": tracking,
         }))
     return pd.concat(rows, ignore_index=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cached bounds and comparisons with the policies
+# ---------------------------------------------------------------------------------------------
+
+#: Bump when the bound's relaxations or computation change: cached bounds are keyed on it.
+BOUND_CODE_VERSION = "1"
+
+
+def ensure_bound(workload_config: Any, simulation_config: Any,
+                 cache_dir: str | os.PathLike | None = None, progress: bool = False
+                 ) -> pd.DataFrame:
+    """:func:`clairvoyant_bound` of a setting, cached as parquet (default
+    ``derived_dir()/bounds``, keyed by the workload, the setting and :data:`BOUND_CODE_VERSION`)."""
+    from carbonrouter_lib.datasets import derived_dir
+
+    doc = {"workload": workload_config.key(), "simulation": simulation_config.to_dict(),
+           "code": BOUND_CODE_VERSION}
+    key = hashlib.sha256(json.dumps(doc, sort_keys=True, default=list).encode()).hexdigest()[:16]
+    path = Path(cache_dir or derived_dir() / "bounds") / f"bound-{key}.parquet"
+    if path.is_file():
+        return pd.read_parquet(path)
+    table = prepared.prepare_workload(workload_config)
+    result = clairvoyant_bound(table, simulation_config, progress=progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        result.to_parquet(tmp, index=False)
+    return result
+
+
+def capacity_rejected_sessions(records: pd.DataFrame, bound: pd.DataFrame) -> np.ndarray:
+    """Sessions in which ``records`` rejected a query that the bound serves (rejected for lack of
+    capacity, which the bound relaxes): the bound does not apply to them."""
+    merged = records[["session", "turn", "rejected"]].merge(
+        bound[["session", "turn", "deployment"]], on=["session", "turn"], validate="one_to_one")
+    bad = merged["rejected"].to_numpy() & (merged["deployment"].to_numpy() >= 0)
+    return np.unique(merged.loc[bad, "session"].to_numpy())
+
+
+def bound_comparison(
+    records: Mapping[str, pd.DataFrame], bound: pd.DataFrame,
+    reference: str = "session-affinity", thresholds: Sequence[int] = (),
+) -> pd.DataFrame:
+    """Each policy's carbon beside the bound, on the sessions where the bound applies to every
+    policy given (none rejected a query for lack of capacity), overall and per session-length
+    group (``> t`` turns for each threshold).
+
+    Columns: ``group``, ``policy``, ``co2_kg``, ``co2_rel`` (to ``reference``), ``bound_rel``
+    (the bound over the reference), ``share_of_possible_saving`` = (reference − policy) /
+    (reference − bound), ``gap_to_bound_pct`` = 100·(policy / bound − 1), ``n_sessions`` and
+    ``n_sessions_excluded``.
+    """
+    if reference not in records:
+        raise KeyError(f"bound_comparison: no records for the reference {reference!r}")
+    excluded = set()
+    for rec in records.values():
+        excluded.update(capacity_rejected_sessions(rec, bound).tolist())
+    n_turns = bound.groupby("session")["n_turns"].first()
+    b_s = bound.groupby("session")["carbon_g"].sum()
+    per = {p: r.groupby("session")["carbon_g"].sum().reindex(b_s.index, fill_value=0.0)
+           for p, r in records.items()}
+    rows = []
+    for label, t in [("all", 0), *[(f"> {t}", t) for t in thresholds]]:
+        keep = (n_turns > t) & ~n_turns.index.isin(list(excluded))
+        ref, lo = per[reference][keep].sum(), b_s[keep].sum()
+        for p, s in per.items():
+            c = s[keep].sum()
+            rows.append({"group": label, "policy": p, "co2_kg": c / 1e3,
+                         "co2_rel": c / ref if ref > 0 else np.nan,
+                         "bound_rel": lo / ref if ref > 0 else np.nan,
+                         "share_of_possible_saving": (ref - c) / (ref - lo) if ref > lo
+                         else np.nan,
+                         "gap_to_bound_pct": 100 * (c / lo - 1) if lo > 0 else np.nan,
+                         "n_sessions": int(keep.sum()),
+                         "n_sessions_excluded": int(((n_turns > t)
+                                                     & n_turns.index.isin(list(excluded))).sum())})
+    return pd.DataFrame(rows)

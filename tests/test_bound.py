@@ -23,7 +23,13 @@ from test_simulator import (
     workloads,
 )
 
-from carbonrouter_lib.bound import bound_candidates, clairvoyant_bound, session_bound_dp
+from carbonrouter_lib.bound import (
+    bound_candidates,
+    bound_comparison,
+    capacity_rejected_sessions,
+    clairvoyant_bound,
+    session_bound_dp,
+)
 from carbonrouter_lib.policies import CarbonRouter, Policy
 
 
@@ -110,14 +116,6 @@ class RandomPolicy(Policy):
         return int(self.rng.choice(np.flatnonzero(cand.mask)))
 
 
-def _capacity_rejected_sessions(records, bound) -> set[int]:
-    """Sessions with a query the policy rejected although the bound served it (no capacity)."""
-    merged = records.merge(bound[["session", "turn", "deployment"]], on=["session", "turn"],
-                           suffixes=("", "_bound"))
-    bad = merged["rejected"] & (merged["deployment_bound"] >= 0)
-    return set(merged.loc[bad, "session"])
-
-
 @settings(max_examples=40, deadline=None)
 @given(workloads(), st.integers(0, 3), st.sampled_from([8, 0]))
 def test_bound_is_below_every_policy_on_random_traces(case, seed, max_tracked):
@@ -129,7 +127,7 @@ def test_bound_is_below_every_policy_on_random_traces(case, seed, max_tracked):
                 CarbonRouter(delta=0.5, gate=lambda *_: 1.0), RandomPolicy(seed)]
     for policy in policies:
         rec = run(table, policy, values, backend).records
-        skip = _capacity_rejected_sessions(rec, bound)
+        skip = set(capacity_rejected_sessions(rec, bound).tolist())
         realized = rec.groupby("session")["carbon_g"].sum()
         for s, b in per_session.items():
             if s in skip:
@@ -163,3 +161,35 @@ def test_bound_uses_the_cleanest_intensity_a_dispatch_can_see():
     assert bound["ci_min"].tolist() == [10.0, 10.0]
     rec = run(table, "carbonrouter-no-gate", values, AMPLE).records
     assert rec["carbon_g"].sum() >= bound["carbon_g"].sum()
+
+
+def test_comparison_excludes_capacity_rejections_and_measures_the_share():
+    from carbonrouter_lib.backend import BackendConfig
+
+    values = ci_grid([100, 300] * 24, [300, 100] * 24)  # the cleaner region alternates
+    big, small = {"new": 20000, "out": 200}, {"new": 100, "out": 100, "think": 300.0}
+    table = make_table([(0.0, [big, small, small]), (1.0, [big, small])])
+    bound = clairvoyant_bound(table, CONFIG, make_signal(values))
+    recs = {p: run(table, p, values, AMPLE).records for p in ("session-affinity", "faircarbon")}
+    cmp = bound_comparison(recs, bound, thresholds=(2,)).set_index(["group", "policy"])
+    sa, fc = (recs[p]["carbon_g"].sum() for p in ("session-affinity", "faircarbon"))
+    lo = bound["carbon_g"].sum()
+    assert lo < fc <= sa
+    assert cmp.loc[("all", "faircarbon"), "share_of_possible_saving"] == pytest.approx(
+        (sa - fc) / (sa - lo))
+    assert cmp.loc[("all", "faircarbon"), "gap_to_bound_pct"] == pytest.approx(100 * (fc / lo - 1))
+    assert cmp.loc[("all", "faircarbon"), "n_sessions"] == 2
+    assert cmp.loc[("> 2", "faircarbon"), "n_sessions"] == 1  # only the 3-turn session
+    # Seven overlapping sessions, one slot in each of the six pools: the seventh is rejected
+    # for lack of capacity, which the bound relaxes — its session leaves the comparison.
+    crowd = make_table([conversation(float(i), 2, new=900, out=2000, think=60.0)
+                        for i in range(7)])
+    bound = clairvoyant_bound(crowd, CONFIG, make_signal(values))
+    tight = BackendConfig(slots_per_pool=1, kv_tokens_per_pool=1e9, ttl_s=1e9)
+    rec = run(crowd, "faircarbon", values, tight).records
+    rejected = set(rec.loc[rec["rejected"], "session"])
+    assert rejected and set(capacity_rejected_sessions(rec, bound).tolist()) == rejected
+    cmp = bound_comparison({"session-affinity": run(crowd, "session-affinity", values,
+                                                    AMPLE).records, "faircarbon": rec}, bound)
+    assert (cmp["n_sessions_excluded"] == len(rejected)).all()
+    assert (cmp["n_sessions"] == 7 - len(rejected)).all()
