@@ -69,6 +69,9 @@ class SimulationConfig:
         TTFT bound D_TTFT, s.
     kappa, gamma
         Output/input and cached/uncached energy ratios of the analytical profiles.
+    alpha
+        Exponent of the analytical profiles' MFU size law (energy per token ∝ P^α across
+        models; spec §3).
     """
 
     regions: tuple[str, ...] = REGION_SETS["paper"]
@@ -79,6 +82,7 @@ class SimulationConfig:
     d_ttft_s: float = 5.0
     kappa: float = 6.0
     gamma: float = 0.05
+    alpha: float = 0.8
 
     def __post_init__(self) -> None:
         if not self.c > 0:
@@ -93,15 +97,16 @@ class SimulationConfig:
         return dataclasses.asdict(self)
 
     def deployments(self) -> Deployments:
-        """The deployments of this setting (analytical profiles with this κ, γ)."""
-        return _deployments(self.regions, self.kappa, self.gamma)
+        """The deployments of this setting (analytical profiles with this κ, γ, α)."""
+        return _deployments(self.regions, self.kappa, self.gamma, self.alpha)
 
 
 @functools.lru_cache(maxsize=32)
-def _deployments(regions: tuple[str, ...], kappa: float, gamma: float) -> Deployments:
+def _deployments(regions: tuple[str, ...], kappa: float, gamma: float, alpha: float
+                 ) -> Deployments:
     # Cached: building the profile table costs more than a short replay, and Deployments' arrays
     # are read-only, so one instance can be shared.
-    return Deployments.build(regions, analytical_profiles(kappa=kappa, gamma=gamma))
+    return Deployments.build(regions, analytical_profiles(kappa=kappa, gamma=gamma, alpha=alpha))
 
 
 def _reference_service(table: pd.DataFrame) -> np.ndarray:
