@@ -41,8 +41,9 @@ nbval: env
 	$(BIN)/python -m carbonrouter_lib.notebooks prepare-tests $(NBVAL_DIR)
 	$(BIN)/python -m pytest --nbval-lax $(NBVAL_DIR) -n $(PYTEST_WORKERS) --dist loadfile -q -p no:cacheprovider
 
+# CPU benchmarks; benchmarks/gpu_profile.py needs an NVIDIA GPU (or --tiny for a CPU dry run).
 benchmarks: env
-	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b; done
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b; done
 
 clean:
 	rm -rf build results/notebooks

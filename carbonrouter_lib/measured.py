@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib.profiles import MODEL_SPECS, MODELS
+from carbonrouter_lib.profiles import MODEL_SPECS, MODELS, PROFILE_COLUMNS, validate_profiles
 
 __all__ = ["MEASUREMENT_MODEL_NAMES", "load_measurement", "measured_summary", "fit_alpha",
-           "calibration"]
+           "calibration", "profile_table"]
 
 #: Names used by the profile measurement → our model names (spec §3 catalogue).
 MEASUREMENT_MODEL_NAMES: dict[str, str] = {
@@ -135,3 +135,42 @@ def calibration(summary: pd.DataFrame, model: str = "Llama-3.1-70B", batch: int 
     if col not in row.index:
         raise KeyError(f"calibration: no decode measurement at batch {batch} for {model}")
     return {"alpha": alpha, "gamma": float(row["gamma"]), "kappa": float(row[col])}
+
+
+def profile_table(doc: dict[str, Any], gpu: str | None = None, decode_batch: int = 64,
+                  require_energy: bool = True) -> pd.DataFrame:
+    """A measurement as a profile table in the :func:`~carbonrouter_lib.profiles.
+    analytical_profiles` schema (one row per model, ``n_gpus`` 1, ``mfu`` NaN), validated by
+    :func:`~carbonrouter_lib.profiles.validate_profiles`: e_in = J per uncached prefill token,
+    e_cache = extra J per cached history token (clipped at 0: a measured slope below zero is
+    noise), e_out = decode J per output token at ``decode_batch``, in kWh; prefill tokens/s and
+    decode tokens/s per sequence at batch 1, per card.
+
+    ``gpu``: the GPU type's name (default: the measurement's device). Without an energy counter
+    (a CPU run) the energies are NaN: ``require_energy=False`` returns the table unvalidated
+    (same columns), for a dry run; otherwise that is an error.
+    """
+    summ = measured_summary(doc)
+    col = f"kappa_b{decode_batch}"
+    if col not in summ.columns:
+        raise KeyError(f"profile_table: no decode measurement at batch {decode_batch}")
+    e_in = summ["e_in_j"] / 3.6e6
+    out = pd.DataFrame({
+        "model": summ["model"], "gpu": gpu or str(doc["meta"].get("device", "measured")),
+        "n_gpus": 1, "mfu": np.nan, "relative_energy": np.nan,
+        "e_in_kwh": e_in, "e_out_kwh": summ[col] * e_in,
+        "e_cache_kwh": np.clip(summ["e_cache_j"], 0.0, None) / 3.6e6,
+        "prefill_tok_s": summ["prefill_tok_s"],
+        "decode_tok_s": summ["decode_tok_s_b1"] if "decode_tok_s_b1" in summ.columns
+        else summ[f"decode_tok_s_b{decode_batch}"],
+        "params_b": summ["params_b"],
+        "context_window": [MODEL_SPECS[m].context_window for m in summ["model"]],
+    })
+    energies = out[["e_in_kwh", "e_out_kwh", "e_cache_kwh"]].to_numpy()
+    if not np.isfinite(energies).all():
+        if require_energy:
+            raise ValueError(f"{doc['meta'].get('source', 'measurement')}: energies missing "
+                             f"(no energy counter?); pass require_energy=False for a dry run")
+        return out[[*PROFILE_COLUMNS, "params_b"]]
+    out = out.drop(columns="relative_energy")
+    return validate_profiles(out, source=str(doc["meta"].get("source", "measurement")))
