@@ -21,6 +21,8 @@ One module per concept of the paper (arXiv 2610.35230):
 - ``simulator`` — the event-driven trace replay (spec §4–§6)
 - ``metrics``   — the metrics of spec §9 and paired session-level bootstrap CIs
 - ``experiments`` — Tables 1 and 2, the mechanisms and the ablations by session length
+- ``bound``     — the clairvoyant bound: per-session offline optimum, a lower bound on any policy
+- ``measured``  — measured GPU profiles in the analytical model's terms (α, γ, κ, throughput)
 - ``sweep``     — parameter sweeps on Dask with a per-run cache (resumable)
 - ``notebooks`` — headless execution of the notebooks (``make reproduce``, ``make test``)
 - ``outputs``   — atomic writing of tables and figures
