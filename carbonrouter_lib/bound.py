@@ -260,6 +260,12 @@ def clairvoyant_bound(
         ci_min = np.stack([grid[a:b + 1].min(axis=0) for a, b in zip(r_lo, r_hi, strict=True)])
         feas_s = feasible_all[i0:i1][:, cand]
         used = np.flatnonzero(feas_s.any(axis=0))
+        frame = {"session": session[i0:i1], "turn": turn[i0:i1], "n_turns": n_turns[i0:i1]}
+        if used.size == 0:  # no turn has a feasible deployment: every policy rejects them all
+            rows.append(pd.DataFrame({**frame, "deployment": -1, "carbon_g": 0.0,
+                                      "energy_kwh": 0.0, "ci_min": np.nan,
+                                      "tracking": "deployment"}))
+            continue
         feas = feas_s[:, used]
         m, r = model_c[used], region_c[used]
         n_new, n_hist, n_out = new[i0:i1][:, m], hist[i0:i1][:, m], out[i0:i1][:, m]
@@ -271,7 +277,7 @@ def clairvoyant_bound(
         e_full = ei * n_new + ec * n_hist + eo * n_out
         e_rev = ei * n_new + ec * h_prev + ei * (n_hist - h_prev) + eo * n_out
         ci = ci_min[:, r]
-        if used.size <= max(max_tracked, 0) or used.size == 0:
+        if used.size <= max_tracked:
             flags, tracking = 1 << np.arange(used.size), "deployment"
         else:
             _, r_bit = np.unique(r, return_inverse=True)
@@ -279,19 +285,14 @@ def clairvoyant_bound(
             flags = (1 << r_bit) | (1 << (r_bit.max() + 1 + m_bit))
             tracking = "region+model"
         _, path, kind = session_bound_dp(ci * e_none, ci * e_rev, ci * e_full, feas, flags)
+        served = path >= 0
         ks, js = np.arange(k_turns), np.maximum(path, 0)
-        if used.size:
-            energy = np.choose(np.maximum(kind, 0),
-                               [e_none[ks, js], e_rev[ks, js], e_full[ks, js]])
-            energy = np.where(path >= 0, energy, 0.0)
-            ci_used = np.where(path >= 0, ci[ks, js], np.nan)
-        else:  # no turn of the session has a feasible deployment: all rejected
-            energy, ci_used, js = np.zeros(k_turns), np.full(k_turns, np.nan), ks * 0
-            cand_used = np.zeros(1, dtype=np.int64)
+        energy = np.where(served, np.choose(np.maximum(kind, 0), [e_none[ks, js], e_rev[ks, js],
+                                                                  e_full[ks, js]]), 0.0)
+        ci_used = np.where(served, ci[ks, js], np.nan)
         rows.append(pd.DataFrame({
-            "session": session[i0:i1], "turn": turn[i0:i1], "n_turns": n_turns[i0:i1],
-            "deployment": np.where(path >= 0, (cand[used] if used.size else cand_used)[js], -1),
-            "carbon_g": np.where(path >= 0, ci_used * energy, 0.0), "energy_kwh": energy,
+            **frame, "deployment": np.where(served, cand[used][js], -1),
+            "carbon_g": np.where(served, ci_used * energy, 0.0), "energy_kwh": energy,
             "ci_min": ci_used, "tracking": tracking,
         }))
     return pd.concat(rows, ignore_index=True)
