@@ -293,3 +293,16 @@ def test_oracle_gate_stays_exactly_when_the_two_turn_label_says_so():
     # Where switching pays over both turns (B stays clean), the oracle lets it happen.
     rec = run(table, "carbonrouter-oracle-gate", VALUES).records
     assert not rec["gate_blocked"].any() and rec["deployment"].tolist()[1] == H100_B
+
+
+def test_array_forest_predicts_exactly_as_xgboost():
+    frame = _synthetic_opportunities(n_sessions=200)
+    gate = train_gate(frame, GateTrainingConfig(n_estimators=80, max_depth=6))
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(500, len(FEATURES))) * 2
+    x[rng.random(x.shape) < 0.1] = np.nan  # missing values take the default direction
+    x[:50] = frame[list(FEATURES)].to_numpy()[:50]  # and values seen in training
+    for f, booster in enumerate(gate.boosters):
+        ref = booster.inplace_predict(x)
+        ours = np.array([gate.predict(f, row) for row in x])
+        np.testing.assert_array_equal(ours, ref.astype(np.float64))
