@@ -202,16 +202,10 @@ def clairvoyant_bound(
         window-minimum intensity used, and ``tracking`` ("deployment" or "region+model").
         ``carbon_g.sum()`` per session is the session's bound.
     """
-    from carbonrouter_lib.carbon import CarbonConfig, CarbonSignal
     from carbonrouter_lib.simulator import SimulationConfig
 
     config = config or SimulationConfig()
-    if signal is None:
-        signal = CarbonSignal.from_config(CarbonConfig(year=config.carbon_year,
-                                                       regions=config.regions))
-    if tuple(signal.regions) != tuple(config.regions):
-        raise ValueError(f"signal regions {signal.regions} differ from config.regions "
-                         f"{config.regions}")
+    signal = config.signal(signal)
     deps = config.deployments()
     constraints = ConstraintConfig(beta_q=config.beta_q, d_ttft_s=config.d_ttft_s)
     new = prepared.model_matrix(table, "new_tokens").astype(np.float64)

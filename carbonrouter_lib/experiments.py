@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 
 from carbonrouter_lib import metrics
-from carbonrouter_lib.carbon import CarbonConfig, CarbonSignal
 from carbonrouter_lib.simulator import SimulationConfig, backend_config, simulate
 
 __all__ = ["MAIN_POLICIES", "ABLATIONS", "SENSITIVITY_AXES", "PAPER_TABLE1", "PAPER_TABLE2",
@@ -115,8 +114,7 @@ def run_policies(
     Returns the per-query records per policy name (columns of ``metrics.RECORD_COLUMNS``).
     """
     config = config or SimulationConfig()
-    signal = CarbonSignal.from_config(CarbonConfig(year=config.carbon_year,
-                                                   regions=config.regions))
+    signal = config.signal()
     capacity = backend_config(table, config)
     out = {}
     for name in policies:

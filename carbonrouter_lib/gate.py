@@ -270,13 +270,10 @@ def collect_opportunities(
 
     ``config``, ``signal``, ``backend``: as :func:`carbonrouter_lib.simulator.simulate`.
     """
-    from carbonrouter_lib.carbon import CarbonConfig, CarbonSignal
     from carbonrouter_lib.simulator import SimulationConfig, simulate
 
     config = config or SimulationConfig()
-    if signal is None:
-        signal = CarbonSignal.from_config(CarbonConfig(year=config.carbon_year,
-                                                       regions=config.regions))
+    signal = config.signal(signal)
     labeler = TwoBranchLabeler(table, config, pricing=pricing)
     simulate(table, CarbonRouter(delta=0.0, gate=labeler, pricing=pricing), config, signal,
              backend, progress=progress)
@@ -672,7 +669,6 @@ def ensure_gate(
     learned gate). ``table`` / ``signal`` / ``backend``: the prepared workload, carbon signal and
     capacity if already at hand (defaults: built from the configs).
     """
-    from carbonrouter_lib.carbon import CarbonConfig, CarbonSignal
     from carbonrouter_lib.simulator import backend_config
 
     if not isinstance(training, GateTrainingConfig):
@@ -687,9 +683,7 @@ def ensure_gate(
             table = prepared.prepare_workload(workload_config)
     elif table is None:
         raise ValueError("ensure_gate: give a workload_config or a prepared table")
-    if signal is None:
-        signal = CarbonSignal.from_config(CarbonConfig(year=simulation_config.carbon_year,
-                                                       regions=simulation_config.regions))
+    signal = simulation_config.signal(signal)
     if backend is None:
         backend = backend_config(table, simulation_config)
     opps = collect_opportunities(table, simulation_config, signal, backend, pricing=pricing)

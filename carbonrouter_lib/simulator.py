@@ -96,6 +96,18 @@ class SimulationConfig:
         """Plain-JSON form."""
         return dataclasses.asdict(self)
 
+    def signal(self, signal: CarbonSignal | None = None) -> CarbonSignal:
+        """The carbon signal of this setting: ``signal`` checked against :attr:`regions` (same
+        regions, same order), or, when None, built from :attr:`carbon_year` and :attr:`regions`
+        (parquet-cached)."""
+        if signal is None:
+            signal = CarbonSignal.from_config(CarbonConfig(year=self.carbon_year,
+                                                           regions=self.regions))
+        if tuple(signal.regions) != tuple(self.regions):
+            raise ValueError(f"signal regions {signal.regions} differ from config.regions "
+                             f"{self.regions}")
+        return signal
+
     def deployments(self) -> Deployments:
         """The deployments of this setting (analytical profiles with this κ, γ, α)."""
         return _deployments(self.regions, self.kappa, self.gamma, self.alpha)
@@ -240,12 +252,7 @@ def simulate(
     config = config or SimulationConfig()
     policy = make_policy(policy) if isinstance(policy, str) else policy
     deps = config.deployments()
-    if signal is None:
-        signal = CarbonSignal.from_config(CarbonConfig(year=config.carbon_year,
-                                                       regions=config.regions))
-    if tuple(signal.regions) != tuple(config.regions):
-        raise ValueError(f"signal regions {signal.regions} differ from config.regions "
-                         f"{config.regions}")
+    signal = config.signal(signal)
     backend_cfg = backend or backend_config(table, config)
     build = policy.gate_to_build if isinstance(policy, CarbonRouter) else None
     if build is not None:
