@@ -50,18 +50,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import prepared
+from carbonrouter_lib import cost, prepared
 from carbonrouter_lib.deployments import Deployments
 from carbonrouter_lib.outputs import atomic_path
-from carbonrouter_lib.policies import ConstraintConfig, QueryBatch
+from carbonrouter_lib.policies import QueryBatch
 
-__all__ = ["BOUND_CODE_VERSION", "BOUND_COLUMNS", "bound_candidates", "bound_comparison",
+__all__ = ["BOUND_CODE_VERSION", "bound_candidates", "bound_comparison",
            "capacity_rejected_sessions", "clairvoyant_bound", "ensure_bound", "session_bound_dp"]
-
-#: Columns of :func:`clairvoyant_bound`'s per-turn table.
-BOUND_COLUMNS = ("session", "turn", "n_turns", "deployment", "carbon_g", "energy_kwh",
-                 "ci_min", "tracking")
-
 
 def bound_candidates(deps: Deployments) -> np.ndarray:
     """Deployment indices kept by relaxation 4: per (region, model), the GPUs not dominated by
@@ -197,9 +192,10 @@ def clairvoyant_bound(
     Returns
     -------
     pandas.DataFrame
-        One row per query (:data:`BOUND_COLUMNS`): the bound's deployment (−1: no feasible
-        deployment, rejected by every policy), its relaxed carbon (gCO2e) and energy (kWh), the
-        window-minimum intensity used, and ``tracking`` ("deployment" or "region+model").
+        One row per query: ``session``, ``turn``, ``n_turns``, the bound's ``deployment`` (−1:
+        no feasible deployment, rejected by every policy), its relaxed ``carbon_g`` (gCO2e) and
+        ``energy_kwh``, ``ci_min`` (the window-minimum intensity used) and ``tracking``
+        ("deployment" or "region+model").
         ``carbon_g.sum()`` per session is the session's bound.
     """
     from carbonrouter_lib.simulator import SimulationConfig
@@ -207,7 +203,7 @@ def clairvoyant_bound(
     config = config or SimulationConfig()
     signal = config.signal(signal)
     deps = config.deployments()
-    constraints = ConstraintConfig(beta_q=config.beta_q, d_ttft_s=config.d_ttft_s)
+    constraints = config.constraints()
     new = prepared.model_matrix(table, "new_tokens").astype(np.float64)
     hist = prepared.model_matrix(table, "history_tokens").astype(np.float64)
     out = prepared.model_matrix(table, "output_tokens").astype(np.float64)
@@ -230,7 +226,8 @@ def clairvoyant_bound(
     # Longest possible service of each query on any feasible deployment: full recomputation
     # (TTFT with nothing cached) plus the realized decode (s); 0 if rejected.
     m_of = deps.model
-    serve = ((new[:, m_of] + hist[:, m_of]) / deps.v_pre + out[:, m_of] / deps.v_dec)
+    serve = cost.service_time_s(new[:, m_of], hist[:, m_of], 0.0, out[:, m_of], deps.v_pre,
+                                deps.v_dec)
     max_service = np.where(feasible_all, serve, 0.0).max(axis=1)
 
     grid = signal.frame.to_numpy(np.float64)

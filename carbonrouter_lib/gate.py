@@ -53,7 +53,6 @@ from carbonrouter_lib.outputs import atomic_path
 from carbonrouter_lib.policies import (
     Candidates,
     CarbonRouter,
-    ConstraintConfig,
     QueryContext,
     feasibility,
 )
@@ -171,7 +170,7 @@ class TwoBranchLabeler:
 
     def __init__(self, table: pd.DataFrame, config: Any, pricing: bool = True) -> None:
         self._deps = config.deployments()
-        self._constraints = ConstraintConfig(beta_q=config.beta_q, d_ttft_s=config.d_ttft_s)
+        self._constraints = config.constraints()
         self._new = prepared.model_matrix(table, "new_tokens").astype(np.float64)
         self._hist = prepared.model_matrix(table, "history_tokens").astype(np.float64)
         self._out = prepared.model_matrix(table, "output_tokens").astype(np.float64)
@@ -200,7 +199,8 @@ class TwoBranchLabeler:
             raise ValueError("TwoBranchLabeler needs ctx.backend and ctx.signal (run it inside "
                              "simulate())")
         be = ctx.backend.copy()
-        done = t + cost.ttft_s(n_new, n_hist, cached, float(d.v_pre[a])) + n_out / d.v_dec[a]
+        done = t + cost.service_time_s(n_new, n_hist, cached, n_out, float(d.v_pre[a]),
+                                       float(d.v_dec[a]))
         be.dispatch(s, a, t, int(n_hist + n_new + n_out))
         be.complete(s, a, done)
         t2 = done + self._think[i + 1]

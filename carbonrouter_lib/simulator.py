@@ -96,6 +96,10 @@ class SimulationConfig:
         """Plain-JSON form."""
         return dataclasses.asdict(self)
 
+    def constraints(self) -> ConstraintConfig:
+        """The constraints of Eq. 7 of this setting (β_Q, D_TTFT)."""
+        return ConstraintConfig(beta_q=self.beta_q, d_ttft_s=self.d_ttft_s)
+
     def signal(self, signal: CarbonSignal | None = None) -> CarbonSignal:
         """The carbon signal of this setting: ``signal`` checked against :attr:`regions` (same
         regions, same order), or, when None, built from :attr:`carbon_year` and :attr:`regions`
@@ -266,7 +270,7 @@ def simulate(
             policy.set_gate(gates.ensure_gate(None, config, policy.pricing, policy.gate_training,
                                               table=table, signal=signal, backend=backend_cfg))
     be = Backend(deps, backend_cfg)
-    constraints = ConstraintConfig(beta_q=config.beta_q, d_ttft_s=config.d_ttft_s)
+    constraints = config.constraints()
 
     n = len(table)
     session = table["session"].to_numpy(dtype=np.int64)

@@ -35,8 +35,8 @@ def test_table2_values_follow_from_the_records():
     for p in experiments.ABLATIONS:
         r = recs[p]
         assert t.loc[p, "co2_rel"] == pytest.approx(co2[p] / co2["session-affinity"], rel=1e-12)
-        assert t.loc[p, "p95_ttft_s"] == pytest.approx(np.percentile(r["ttft_s"].dropna(), 95),
-                                                       rel=0.05)
+        assert t.loc[p, "p95_ttft_s"] == np.percentile(r["ttft_s"].dropna(), 95,
+                                                       method="inverted_cdf")
         assert t.loc[p, "gate_blocked_per_session"] == r["gate_blocked"].sum() / sessions
     for p in experiments.ABLATIONS[1:]:
         assert t.loc[p, "dco2_pct"] == pytest.approx(100 * (co2[p] / co2["carbonrouter"] - 1),

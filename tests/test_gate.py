@@ -206,7 +206,7 @@ def test_delta_infinity_reproduces_carbonrouter_without_gate_exactly():
         pd.testing.assert_frame_equal(rec.drop(columns="policy"), ref.drop(columns="policy"))
 
 
-def test_learned_gate_blocks_only_at_opportunities_and_saves_on_its_labels():
+def test_learned_gate_blocks_only_at_opportunities():
     table, values = _workload()
     # A gate whose every model predicts +1 gCO2e with δ = 0.5: it blocks every opportunity.
     frame, _ = _labels(table, values)
