@@ -9,8 +9,12 @@ the turn's completion ``f`` it calls :meth:`Backend.complete` and, after the ses
 
 Model (spec §6a.3–4)
 --------------------
-- A *pool* is a (region, GPU type). It has ``slots_per_pool`` session slots and
-  ``kv_tokens_per_pool`` tokens of KV memory, shared by every model on that GPU type there.
+- A *pool* is a (region, GPU type). It has ``slots_per_pool`` session slots and, under the
+  paper's rule, ``kv_tokens_per_pool`` tokens of KV memory, shared by every model on that GPU
+  type there. Under a per-deployment rule (``kv_tokens_per_deployment``, e.g. the hardware rule
+  of :mod:`carbonrouter_lib.capacity`) each deployment's instances hold their own KV memory, in
+  their model's tokens: the *KV pool* of a deployment is then the deployment itself. Slots are
+  per (region, GPU type) either way; eviction competes only within a KV pool.
 - A session holds at most one slot: the pool of its latest dispatched turn. Dispatching it to
   another pool takes a slot there and releases the old one; :meth:`Backend.depart` releases it.
 - A *cache* belongs to (session, deployment) and holds a prefix of the conversation, in tokens
@@ -19,9 +23,9 @@ Model (spec §6a.3–4)
   branch) and *pins* it; :meth:`Backend.complete` unpins it (*idle*) and sets its last use
   ``f_last`` to the completion time. A cache survives the session moving elsewhere.
 - Expiry: an idle cache is removed once ``now > f_last + ttl_s`` (strictly greater).
-- Eviction: when a dispatch needs more tokens than its pool has free, exactly the missing tokens
-  are freed from the pool's idle caches, token by token from each victim's suffix (a prefix
-  stays usable), victims in the order: caches of departed sessions first, then the others; in
+- Eviction: when a dispatch needs more tokens than its KV pool has free, exactly the missing
+  tokens are freed from the KV pool's idle caches, token by token from each victim's suffix (a
+  prefix stays usable), victims in the order: caches of departed sessions first, then the others; in
   each group least recently used first (smallest ``f_last``), exact ties by smaller session id,
   then smaller deployment index (a rule that does not depend on the order of calls). A cache
   trimmed to 0 tokens is removed.
@@ -69,17 +73,23 @@ class BackendConfig:
     slots_per_pool : int
         Sessions one (region, GPU type) can hold at once, ≥ 1 (the region's K = c·P split over
         its GPU types; see :func:`capacity_from_trace`).
-    kv_tokens_per_pool : float
-        KV-cache memory of one pool, tokens (any model's tokens), > 0 and finite (K·C̄ split like
-        the slots). The backend uses ``floor`` of it.
+    kv_tokens_per_pool : float or None
+        KV-cache memory of one (region, GPU type) pool shared by its models, tokens (any model's
+        tokens), > 0 and finite (the paper's rule: K·C̄ split like the slots). The backend uses
+        ``floor`` of it. None when ``kv_tokens_per_deployment`` is given.
     ttl_s : float
         T_TTL: an idle cache is removed when ``now > f_last + ttl_s``, s. > 0; ``math.inf``
         disables expiry. Default 1,800 s (30 min, spec §6).
+    kv_tokens_per_deployment : tuple of float or None
+        KV memory of every deployment's own instances, in its model's tokens (deployment index
+        order), each > 0 and finite; the backend uses ``floor`` of each. Given instead of
+        ``kv_tokens_per_pool`` (exactly one of the two).
     """
 
     slots_per_pool: int
-    kv_tokens_per_pool: float
+    kv_tokens_per_pool: float | None
     ttl_s: float = 1800.0
+    kv_tokens_per_deployment: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         s = self.slots_per_pool
@@ -87,13 +97,21 @@ class BackendConfig:
             raise ValueError(f"BackendConfig.slots_per_pool must be an integer ≥ 1 sessions, "
                              f"got {s!r}")
         object.__setattr__(self, "slots_per_pool", int(s))
-        kv = self.kv_tokens_per_pool
-        if isinstance(kv, bool) or not isinstance(kv, int | float | np.number) or not (
-            math.isfinite(kv) and kv > 0
-        ):
-            raise ValueError(f"BackendConfig.kv_tokens_per_pool must be a finite number > 0 "
-                             f"tokens, got {kv!r}")
-        object.__setattr__(self, "kv_tokens_per_pool", float(kv))
+        kv, per_dep = self.kv_tokens_per_pool, self.kv_tokens_per_deployment
+        if (kv is None) == (per_dep is None):
+            raise ValueError("BackendConfig: give exactly one of kv_tokens_per_pool and "
+                             "kv_tokens_per_deployment")
+        if kv is not None:
+            _check_tokens("kv_tokens_per_pool", kv)
+            object.__setattr__(self, "kv_tokens_per_pool", float(kv))
+        else:
+            values = tuple(per_dep) if not isinstance(per_dep, str) else ()
+            if not values:
+                raise ValueError(f"BackendConfig.kv_tokens_per_deployment must be a non-empty "
+                                 f"sequence of tokens, got {per_dep!r}")
+            for i, v in enumerate(values):
+                _check_tokens(f"kv_tokens_per_deployment[{i}]", v)
+            object.__setattr__(self, "kv_tokens_per_deployment", tuple(float(v) for v in values))
         ttl = self.ttl_s
         if isinstance(ttl, bool) or not isinstance(ttl, int | float | np.number) or not (
             ttl > 0  # NaN fails this too; +inf is allowed (no expiry)
@@ -104,12 +122,26 @@ class BackendConfig:
 
     @property
     def kv_capacity_tokens(self) -> int:
-        """Whole tokens of KV memory per pool, ``floor(kv_tokens_per_pool)``."""
+        """Whole tokens of KV memory per shared pool, ``floor(kv_tokens_per_pool)``; raises
+        ``ValueError`` under a per-deployment rule (see :meth:`Backend.kv_capacities`)."""
+        if self.kv_tokens_per_pool is None:
+            raise ValueError("kv_capacity_tokens: KV memory is per deployment "
+                             "(kv_tokens_per_deployment)")
         return math.floor(self.kv_tokens_per_pool)
 
     def to_dict(self) -> dict:
         """The parameters as a JSON-serializable dict (stored with results)."""
-        return asdict(self)
+        d = asdict(self)
+        if d["kv_tokens_per_deployment"] is not None:
+            d["kv_tokens_per_deployment"] = list(d["kv_tokens_per_deployment"])
+        return d
+
+
+def _check_tokens(name: str, kv: object) -> None:
+    if isinstance(kv, bool) or not isinstance(kv, int | float | np.number) or not (
+        math.isfinite(kv) and kv > 0
+    ):
+        raise ValueError(f"BackendConfig.{name} must be a finite number > 0 tokens, got {kv!r}")
 
 
 def capacity_from_trace(
@@ -218,8 +250,19 @@ class Backend:
         self._pool_of = [int(p) for p in deployments.pool]  # list: fast scalar lookups
         self._pool_arr = np.asarray(deployments.pool, dtype=np.int64)
         self._slots = config.slots_per_pool
-        self._kv_cap = config.kv_capacity_tokens
         self._ttl = config.ttl_s
+        # KV pools: the (region, GPU) pools (paper rule) or one per deployment.
+        if config.kv_tokens_per_deployment is None:
+            self._kvp_of = list(self._pool_of)
+            self._kv_cap = [config.kv_capacity_tokens] * self._n_pools
+        else:
+            if len(config.kv_tokens_per_deployment) != self._n:
+                raise ValueError(f"BackendConfig.kv_tokens_per_deployment has "
+                                 f"{len(config.kv_tokens_per_deployment)} values for {self._n} "
+                                 f"deployments")
+            self._kvp_of = list(range(self._n))
+            self._kv_cap = [math.floor(v) for v in config.kv_tokens_per_deployment]
+        n_kv = len(self._kv_cap)
         self._now = -math.inf
         self._version = 0
         # state
@@ -233,10 +276,10 @@ class Backend:
         self._open = np.ones(self._n, dtype=bool)
         self._deps_of_pool = [_index_of(np.flatnonzero(self._pool_arr == p))
                               for p in range(self._n_pools)]
-        self._used = [0] * self._n_pools  # KV tokens in use per pool
-        # eviction order per pool: heaps of (f_last, session, deployment, version)
-        self._lru_departed: list[list[tuple]] = [[] for _ in range(self._n_pools)]
-        self._lru_live: list[list[tuple]] = [[] for _ in range(self._n_pools)]
+        self._used = [0] * n_kv  # KV tokens in use per KV pool
+        # eviction order per KV pool: heaps of (f_last, session, deployment, version)
+        self._lru_departed: list[list[tuple]] = [[] for _ in range(n_kv)]
+        self._lru_live: list[list[tuple]] = [[] for _ in range(n_kv)]
         # expiry: heap of (f_last + ttl, session, deployment, version)
         self._expiry: list[tuple] = []
         # counters
@@ -353,16 +396,17 @@ class Backend:
         self._running[s] = a
         self._c["dispatches"] += 1
         delta = ctx - rec.tokens
+        kp = self._kvp_of[a]
         if delta > 0:
-            missing = delta - (self._kv_cap - self._used[p])
+            missing = delta - (self._kv_cap[kp] - self._used[kp])
             if missing > 0:
-                freed = self._evict(p, missing)
+                freed = self._evict(kp, missing)
                 if freed < missing:
                     self._c["kv_overflow_events"] += 1
                     self._c["kv_overflow_tokens"] += missing - freed
                     delta -= missing - freed
         rec.tokens += delta
-        self._used[p] += delta
+        self._used[kp] += delta
 
     def complete(self, session: int, a: int, now: float) -> None:
         """The turn of ``session`` on ``a`` completes at ``now`` (s): its cache becomes idle
@@ -408,12 +452,27 @@ class Backend:
 
     @property
     def kv_capacity_tokens(self) -> int:
-        """KV memory of each pool, whole tokens."""
-        return self._kv_cap
+        """KV memory of each shared (region, GPU) pool, whole tokens (paper rule only; see
+        :meth:`kv_capacities`)."""
+        return self.config.kv_capacity_tokens
+
+    def kv_capacities(self) -> np.ndarray:
+        """KV memory of each KV pool, whole tokens, int64 (one per (region, GPU) pool under the
+        shared rule, one per deployment under a per-deployment rule)."""
+        return np.array(self._kv_cap, dtype=np.int64)
+
+    def kv_pool_of(self) -> np.ndarray:
+        """The KV pool of each deployment, int64 (n,)."""
+        return np.array(self._kvp_of, dtype=np.int64)
 
     def pool_used_tokens(self) -> np.ndarray:
-        """KV tokens held by caches, per pool, int64 (n_pools,)."""
+        """KV tokens held by caches, per KV pool, int64 (see :meth:`kv_capacities`)."""
         return np.array(self._used, dtype=np.int64)
+
+    def kv_used_share(self, a: int) -> float:
+        """Share of deployment ``a``'s KV pool in use (tokens held / capacity)."""
+        kp = self._kvp_of[a]
+        return self._used[kp] / float(self._kv_cap[kp])
 
     def slot_holder(self, session: int) -> int:
         """The pool whose slot ``session`` holds, or -1."""
@@ -493,20 +552,21 @@ class Backend:
         return rec
 
     def _push(self, s: int, a: int, rec: _Cache) -> None:
-        p = self._pool_of[a]
+        p = self._kvp_of[a]
         heap = self._lru_departed[p] if s in self._departed else self._lru_live[p]
         heapq.heappush(heap, (rec.f_last, s, a, rec.version))
         heapq.heappush(self._expiry, (rec.f_last + self._ttl, s, a, rec.version))
 
     def _remove(self, s: int, a: int, rec: _Cache) -> None:
-        self._used[self._pool_of[a]] -= rec.tokens
+        self._used[self._kvp_of[a]] -= rec.tokens
         caches = self._caches[s]
         del caches[a]
         if not caches:
             del self._caches[s]
 
     def _evict(self, p: int, missing: int) -> int:
-        """Free up to ``missing`` tokens from idle caches of pool ``p``; return tokens freed."""
+        """Free up to ``missing`` tokens from idle caches of KV pool ``p``; return tokens
+        freed."""
         freed = removed = 0
         all_caches = self._caches
         for heap in (self._lru_departed[p], self._lru_live[p]):

@@ -20,15 +20,17 @@ the next turn, and stays when Â > δ. This module builds that gate:
    sessions are frozen* (their pending completions and arrivals are not replayed): over the
    lookahead of one think time (median ≈ 2 min) the session's own cache placement dominates the
    difference, and freezing keeps a label O(one query) instead of O(a re-simulation).
-3. **Training** (:func:`train_gate`): sessions are split into K folds by a hash of the session id.
-   The model that routes fold f is trained on the K − 2 folds other than f and v = f + 1 (mod K);
-   δ_f is chosen on the validation fold v from a grid that includes +∞, as the δ that maximizes
-   the realized saving Σ y·[Â > δ] of the opportunities it would block; fold f itself is the test
-   fold (never seen in training or in choosing δ). So no session is routed by a gate trained on
-   it, nor with a δ chosen on it.
-4. **Routing** (:class:`LearnedGate`): ``CarbonRouter(delta=0.0, gate=gate)``; the gate returns the
-   margin Â_f(z) − δ_f of the session's fold (−∞ where δ_f = +∞), so the router stays exactly when
-   Â_f > δ_f. One XGBoost call per opportunity and none otherwise.
+3. **Training** (:func:`train_gate`): conversations are split into K folds by a hash of their id
+   (:attr:`QueryContext.conversation`: the session id when every conversation is replayed once;
+   all copies of a conversation in a resampled replay share one fold). The model that routes
+   fold f is trained on the K − 2 folds other than f and v = f + 1 (mod K); δ_f is chosen on the
+   validation fold v from a grid that includes +∞, as the δ that maximizes the realized saving
+   Σ y·[Â > δ] of the opportunities it would block; fold f itself is the test fold (never seen in
+   training or in choosing δ). So no session is routed by a gate trained on it or on a copy of
+   its conversation, nor with a δ chosen on them.
+4. **Routing** (:class:`LearnedGate`): ``CarbonRouter(delta=0.0, gate=gate)``; the gate returns
+   the margin Â_f(z) − δ_f of the conversation's fold (−∞ where δ_f = +∞), so the router stays
+   exactly when Â_f > δ_f. One XGBoost call per opportunity and none otherwise.
 
 Units: gCO2e, kWh, tokens, seconds, gCO2e/kWh.
 """
@@ -73,7 +75,7 @@ __all__ = [
 ]
 
 #: Bump when features, labels or training change: stored gates and sweep results keyed on it.
-GATE_CODE_VERSION = "1"
+GATE_CODE_VERSION = "2"
 
 #: Gate features, in the order of :func:`gate_features`' vector (b = previous deployment,
 #: g = proposal; tokens under b's model tokenizer).
@@ -83,7 +85,7 @@ FEATURES: tuple[str, ...] = (
     "est_energy_g", "est_energy_b", "est_energy_diff",  # kWh
     "hist_tokens", "new_tokens", "est_out_tokens",
     "turn_index", "cached_frac_b", "cached_frac_g",  # k (0-based); L(a) / N_hist
-    "kv_used_b", "kv_used_g",  # share of the pool's KV memory in use
+    "kv_used_b", "kv_used_g",  # share of the deployment's KV pool in use
     "free_slots_b", "free_slots_g",
     "ci_b", "ci_g", "ci_change_b", "ci_change_g",  # gCO2e/kWh; change over the last hour
     "hour_utc",
@@ -114,9 +116,7 @@ def gate_features(
     ci = ctx.ci_region
     be, signal = ctx.backend, ctx.signal
     if be is not None:
-        used = be.pool_used_tokens()
-        cap = float(be.kv_capacity_tokens)
-        kv_b, kv_g = used[pb] / cap, used[pg] / cap
+        kv_b, kv_g = be.kv_used_share(b), be.kv_used_share(g)
     else:
         kv_b = kv_g = math.nan
     t = ctx.time_s
@@ -224,7 +224,8 @@ class TwoBranchLabeler:
         z = gate_features(ctx, cand, g, b, self._z)
         c_switch = self.branch_carbon(ctx, g)
         c_stay = self.branch_carbon(ctx, b)
-        row = {"session": ctx.session, "turn": ctx.turn, "row": ctx.row, "g": g, "b": b}
+        row = {"session": ctx.session, "conversation": ctx.conversation, "turn": ctx.turn,
+               "row": ctx.row, "g": g, "b": b}
         row.update(zip(FEATURES, z.tolist(), strict=True))
         row.update(carbon_switch_g=c_switch, carbon_stay_g=c_stay, label=c_switch - c_stay)
         self.rows.append(row)
@@ -233,7 +234,7 @@ class TwoBranchLabeler:
     def frame(self) -> pd.DataFrame:
         """The opportunities as a table (columns: ids, :data:`FEATURES`, carbon of both
         branches, ``label``)."""
-        cols = ["session", "turn", "row", "g", "b", *FEATURES,
+        cols = ["session", "conversation", "turn", "row", "g", "b", *FEATURES,
                 "carbon_switch_g", "carbon_stay_g", "label"]
         return pd.DataFrame(self.rows, columns=cols)
 
@@ -478,17 +479,19 @@ class LearnedGate:
         self._x = np.empty((1, _N_F))
         self._forests: list[_Forest | None] = [None] * len(self.boosters)  # built on first use
 
-    def fold_of(self, session: int) -> int:
-        f = self._fold.get(session)
+    def fold_of(self, conversation: int) -> int:
+        """The fold of a conversation (:attr:`QueryContext.conversation`; the session id when
+        each session is its own conversation): the model that routes it never saw it."""
+        f = self._fold.get(conversation)
         if f is None:
-            f = self._fold[session] = int(session_folds([session], self.training.folds,
-                                                        self.training.seed)[0])
+            f = self._fold[conversation] = int(session_folds([conversation], self.training.folds,
+                                                             self.training.seed)[0])
         return f
 
     def advantage(self, ctx: QueryContext, cand: Candidates, g: int, b: int) -> float:
-        """Â: predicted gCO2e saved by staying on b (model of the session's fold)."""
+        """Â: predicted gCO2e saved by staying on b (model of the conversation's fold)."""
         gate_features(ctx, cand, g, b, self._x[0])
-        return self.predict(self.fold_of(ctx.session), self._x[0])
+        return self.predict(self.fold_of(ctx.conversation), self._x[0])
 
     def predict(self, fold: int, z: np.ndarray) -> float:
         """Â of fold ``fold``'s model for the feature vector ``z`` (:data:`FEATURES` order)."""
@@ -498,7 +501,7 @@ class LearnedGate:
         return forest.predict(z)
 
     def __call__(self, ctx: QueryContext, cand: Candidates, g: int, b: int) -> float:
-        delta = self.deltas[self.fold_of(ctx.session)]
+        delta = self.deltas[self.fold_of(ctx.conversation)]
         if delta == math.inf:
             return -math.inf
         return self.advantage(ctx, cand, g, b) - delta
@@ -584,7 +587,11 @@ def train_gate(
         raise ValueError(f"train_gate: label of opportunity row {bad} is not finite")
     x = opportunities[list(FEATURES)].to_numpy(np.float64)
     k = training.folds
-    fold = session_folds(opportunities["session"].to_numpy(), k, training.seed)
+    # Folds by conversation: copies of one conversation (replay scale) are never split between
+    # a model and the sessions it routes (with one copy each, the conversation is the session).
+    units = opportunities["conversation" if "conversation" in opportunities.columns
+                          else "session"].to_numpy()
+    fold = session_folds(units, k, training.seed)
     boosters, deltas, report = [], [], []
     for f in range(k):
         v = (f + 1) % k

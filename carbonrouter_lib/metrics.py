@@ -14,7 +14,12 @@ rejected queries included (see :data:`RECORD_COLUMNS`). This module turns it int
   with more than t turns (spec §10, Figure 4).
 
 Why a session bootstrap: the turns of a session share its history, model choice and cache, so
-queries are not independent; sessions are (their arrivals are a Poisson process). Why paired: all
+queries are not independent; sessions are (their arrivals are a Poisson process). When a replay
+resamples conversations (replay scale, :mod:`carbonrouter_lib.prepared`), the copies of one
+conversation share its content — its length and prompts, the main source of a session's carbon —
+so the resampled unit is the *conversation* (records' ``conversation`` column: all sessions of a
+conversation are drawn together, a cluster bootstrap); with one copy per conversation this is
+exactly the session bootstrap. Why paired: all
 policies replay the same sessions, and most of the variance of a session's carbon (its length, its
 prompts, its arrival hour) is common to both policies; resampling the same sessions for A and B
 cancels it, so the CI measures the *difference* between policies (as rliable's paired bootstrap
@@ -386,7 +391,10 @@ class BootstrapCI:
     ci
         Confidence level, e.g. 0.95.
     n_sessions, n_boot
-        Sessions resampled; bootstrap draws.
+        Sessions compared; bootstrap draws.
+    n_clusters
+        Units resampled: conversations (their sessions drawn together), or the sessions when
+        the records carry no ``conversation`` column.
     n_invalid
         Draws whose statistic was undefined (e.g. a zero denominator) and left out of the CI.
     draws
@@ -401,6 +409,7 @@ class BootstrapCI:
     n_boot: int
     n_invalid: int = 0
     draws: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
+    n_clusters: int = -1
 
 
 def bootstrap_counts(
@@ -581,6 +590,35 @@ def _codes(records: pd.DataFrame, ids: np.ndarray) -> tuple[pd.DataFrame, np.nda
     return records.loc[keep], np.searchsorted(ids, sess[keep])
 
 
+def _conversation_of(records: pd.DataFrame, name: str) -> pd.Series | None:
+    """The conversation of each session (indexed by session id, sorted), or None without a
+    ``conversation`` column; a session with two conversations is an error."""
+    if "conversation" not in records.columns:
+        return None
+    per = records.groupby("session", sort=True)["conversation"]
+    first = per.first()
+    if (per.nunique() > 1).any():
+        s = int(first.index[(per.nunique() > 1).to_numpy()][0])
+        raise ValueError(f"{name}: session {s} has rows of several conversations")
+    return first
+
+
+def _clusters(records_a: pd.DataFrame, records_b: pd.DataFrame,
+              ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """The resampling unit of each session of ``ids`` (its conversation's position among the
+    conversations of ``ids``; the session itself without conversations) and their number."""
+    conv_a = _conversation_of(records_a, "records_a")
+    conv_b = _conversation_of(records_b, "records_b")
+    if conv_a is None or conv_b is None:
+        return np.arange(len(ids)), len(ids)
+    ca, cb = conv_a.loc[ids].to_numpy(), conv_b.loc[ids].to_numpy()
+    if not np.array_equal(ca, cb):
+        raise ValueError("records_a and records_b map sessions to different conversations; a "
+                         "paired comparison needs runs of the same trace")
+    units, unit_of = np.unique(ca, return_inverse=True)
+    return unit_of.ravel(), len(units)
+
+
 def _paired_ratio_draws(
     records_a: pd.DataFrame,
     records_b: pd.DataFrame,
@@ -590,15 +628,18 @@ def _paired_ratio_draws(
     seed: int | np.random.Generator,
     sessions: Sequence[int] | None,
     chunk_elements: int,
-) -> tuple[float, np.ndarray, int]:
-    """Full-sample ratio stat(A)/stat(B), its bootstrap draws, and the number of sessions."""
+) -> tuple[float, np.ndarray, int, int]:
+    """Full-sample ratio stat(A)/stat(B), its bootstrap draws, the number of sessions and of
+    resampled units (conversations)."""
     for name, rec in (("records_a", records_a), ("records_b", records_b)):
         if metric not in rec.columns:
             raise KeyError(f"{name}: metric column {metric!r} not found")
     ids = _aligned_sessions(records_a, records_b, sessions)
-    n = len(ids)
-    stat_a = _SessionStatistic(*_codes(records_a, ids), n, metric, statistic)
-    stat_b = _SessionStatistic(*_codes(records_b, ids), n, metric, statistic)
+    unit_of, n = _clusters(records_a, records_b, ids)
+    rows_a, codes_a = _codes(records_a, ids)
+    rows_b, codes_b = _codes(records_b, ids)
+    stat_a = _SessionStatistic(rows_a, unit_of[codes_a], n, metric, statistic)
+    stat_b = _SessionStatistic(rows_b, unit_of[codes_b], n, metric, statistic)
     ones = np.ones((1, n), dtype=np.int64)
     full_a, full_b = float(stat_a(ones)[0]), float(stat_b(ones)[0])
     if not np.isfinite(full_b) or full_b == 0 or not np.isfinite(full_a):
@@ -614,10 +655,11 @@ def _paired_ratio_draws(
         with np.errstate(divide="ignore", invalid="ignore"):
             draws[start : start + len(counts)] = stat_a(counts) / stat_b(counts)
         start += len(counts)
-    return full_a / full_b, draws, n
+    return full_a / full_b, draws, len(ids), n
 
 
-def _percentile_ci(estimate: float, draws: np.ndarray, ci: float, n_sessions: int) -> BootstrapCI:
+def _percentile_ci(estimate: float, draws: np.ndarray, ci: float, n_sessions: int,
+                   n_clusters: int = -1) -> BootstrapCI:
     valid = np.isfinite(draws)
     n_invalid = int((~valid).sum())
     if not valid.any():
@@ -633,6 +675,7 @@ def _percentile_ci(estimate: float, draws: np.ndarray, ci: float, n_sessions: in
         n_boot=len(draws),
         n_invalid=n_invalid,
         draws=draws,
+        n_clusters=n_clusters,
     )
 
 
@@ -686,10 +729,10 @@ def paired_ratio_ci(
         missing, or stat(B) is zero on the full sample.
     """
     _check_ci(ci, n_boot)
-    est, draws, n = _paired_ratio_draws(
+    est, draws, n, units = _paired_ratio_draws(
         records_a, records_b, metric, statistic, n_boot, seed, sessions, chunk_elements
     )
-    return _percentile_ci(est, draws, ci, n)
+    return _percentile_ci(est, draws, ci, n, units)
 
 
 def paired_change_ci(
@@ -710,10 +753,10 @@ def paired_change_ci(
     percentile interval of the transformed draws.
     """
     _check_ci(ci, n_boot)
-    est, draws, n = _paired_ratio_draws(
+    est, draws, n, units = _paired_ratio_draws(
         records_a, records_b, metric, statistic, n_boot, seed, sessions, chunk_elements
     )
-    return _percentile_ci(100.0 * (est - 1.0), 100.0 * (draws - 1.0), ci, n)
+    return _percentile_ci(100.0 * (est - 1.0), 100.0 * (draws - 1.0), ci, n, units)
 
 
 def paired_saving_ci(
@@ -734,10 +777,10 @@ def paired_saving_ci(
     :func:`paired_ratio_ci` for the parameters and errors.
     """
     _check_ci(ci, n_boot)
-    est, draws, n = _paired_ratio_draws(
+    est, draws, n, units = _paired_ratio_draws(
         records_a, records_b, metric, "sum", n_boot, seed, sessions, chunk_elements
     )
-    return _percentile_ci(100.0 * (1.0 - est), 100.0 * (1.0 - draws), ci, n)
+    return _percentile_ci(100.0 * (1.0 - est), 100.0 * (1.0 - draws), ci, n, units)
 
 
 _KINDS = {

@@ -23,6 +23,21 @@ Datasets:
 
 Quality and output estimates depend only on the dataset (not on arrivals or sampling), so they are
 computed once per dataset and cached; the whole table is cached by a hash of its parameters.
+
+Replay scale
+------------
+How densely sessions overlap is a parameter of its own (``WorkloadConfig.sessions_per_s``), not a
+by-product of the dataset's size. By default every conversation is replayed once over the window
+(the whole ShareGPT prefix over 7 days: 0.0156 sessions/s, a peak of P = 40 active sessions). At a
+higher session-start rate λ the window holds N = round(λ·T) sessions, drawn from the conversations
+by *stratified resampling with replacement*: each conversation ⌊N / n⌋ times, plus N mod n
+conversations drawn without replacement (seeded). Every replayed session (a *copy*) gets its own
+start time and think times; its turns, tokens, output estimates and quality are its conversation's,
+and ``conversation_id`` is kept, so analyses group by conversation and cross-fitted estimates (folds
+by conversation) never see a copy of the conversation they predict. Stratified rather than iid
+draws: the copies reproduce the dataset's mix exactly (iid draws would add sampling noise to every
+comparison across scales), and one copy is *exactly* the unscaled table. :func:`with_copies` and
+:func:`with_peak` set the rate from a number of copies or a target peak concurrency P.
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +55,7 @@ import pandas as pd
 from carbonrouter_lib import output_length, quality, sharegpt, workload
 from carbonrouter_lib.datasets import derived_dir
 from carbonrouter_lib.outputs import atomic_path
-from carbonrouter_lib.profiles import MODELS
+from carbonrouter_lib.profiles import MODELS, REFERENCE_DEPLOYMENT
 from carbonrouter_lib.tokenizers import TOKENIZER_OF_MODEL
 
 __all__ = [
@@ -53,6 +69,14 @@ __all__ = [
     "dataset_columns",
     "model_matrix",
     "prepare_workload",
+    "peak_active_sessions",
+    "mean_context_tokens",
+    "n_conversations",
+    "scale_summary",
+    "service_utilization",
+    "conversation_codes",
+    "with_copies",
+    "with_peak",
 ]
 
 #: Bump when the table's construction changes, so stale caches are not reused.
@@ -104,6 +128,10 @@ class WorkloadConfig:
         Earlier turns of the conversation that the quality predictor sees as context.
     output_folds
         Folds (by conversation) of the cross-fitted output-length estimate.
+    sessions_per_s
+        Replay scale: the session-start rate λ, sessions/s (> 0). The window then holds
+        N = round(λ·window) sessions resampled from the conversations (see the module doc). None
+        (default): every conversation (or the ``n_sessions`` sample) once.
     """
 
     dataset: str = "sharegpt"
@@ -114,6 +142,7 @@ class WorkloadConfig:
     think_source: str = "model"
     context_turns: int = 1
     output_folds: int = 5
+    sessions_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -128,6 +157,22 @@ class WorkloadConfig:
             raise ValueError("think_source='trace' needs a trace with think times (mooncake)")
         if self.context_turns < 0 or self.output_folds < 2:
             raise ValueError("context_turns must be ≥ 0 and output_folds ≥ 2")
+        rate = self.sessions_per_s
+        if rate is not None:
+            if isinstance(rate, bool) or not isinstance(rate, int | float | np.number) or not (
+                math.isfinite(rate) and rate > 0
+            ):
+                raise ValueError(f"WorkloadConfig.sessions_per_s must be a finite number > 0 "
+                                 f"sessions/s or None, got {rate!r}")
+            object.__setattr__(self, "sessions_per_s", float(rate))
+
+    def n_replayed(self, n_conversations: int) -> int:
+        """N: sessions replayed over the window when the dataset (or the ``n_sessions`` sample)
+        holds ``n_conversations`` conversations — ``round(sessions_per_s · window)``, or
+        ``n_conversations`` when unscaled. At least 1."""
+        if self.sessions_per_s is None:
+            return int(n_conversations)
+        return max(1, round(self.sessions_per_s * self.arrival.window_s))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form (the arrival config nested)."""
@@ -250,8 +295,11 @@ def prepare_workload(config: WorkloadConfig | None = None, use_cache: bool = Tru
     """The prepared workload table of ``config`` (see the module docstring for its columns).
 
     Cached as parquet in :func:`~carbonrouter_lib.datasets.derived_dir` under a hash of the
-    parameters; ``table.attrs["config"]`` holds the parameters. Rows are sorted by session start,
-    then turn; ``session`` numbers sessions 0…n−1 in that order.
+    parameters, when it replays each conversation at most once; a resampled (``sessions_per_s``)
+    table is rebuilt from the cached dataset columns instead (seconds, and deterministic: a
+    service-scale table is millions of rows, not worth its disk). ``table.attrs["config"]`` holds
+    the parameters. Rows are sorted by session start, then turn; ``session`` numbers sessions
+    0…N−1 in that order.
     """
     config = config or WorkloadConfig()
     path = derived_dir() / f"workload_{config.dataset}_{config.key()}.parquet"
@@ -269,11 +317,33 @@ def prepare_workload(config: WorkloadConfig | None = None, use_cache: bool = Tru
                              f"{config.dataset} (max_conversations={config.max_conversations})")
         ids = np.sort(rng.choice(ids, size=config.n_sessions, replace=False))
         cols = cols[cols["conversation_id"].isin(ids)]
-    starts = workload.session_start_times(len(ids), config.arrival, rng)
-    # Sessions are assigned start times in a seeded random order (not in trace order).
-    start_of = dict(zip(rng.permutation(ids), starts, strict=True))
-    table = cols.copy()
-    session_start = table["conversation_id"].map(start_of).to_numpy(dtype=np.float64)
+    n_total = config.n_replayed(len(ids))
+    copies, extra = divmod(n_total, len(ids))
+    starts = workload.session_start_times(n_total, config.arrival, rng)
+    # Unit u = copy·n + j replays conversation ids[j] (then the `extra` units); sessions are
+    # assigned start times in a seeded random order (not in trace order).
+    n = len(ids)
+    unit_conv = np.tile(np.arange(n), copies)
+    if extra:
+        unit_conv = np.concatenate([unit_conv, np.sort(rng.choice(n, extra, replace=False))])
+    unit_start = np.empty(n_total)
+    unit_start[rng.permutation(n_total)] = starts
+    # Rows of every unit: its conversation's rows in the dataset's order; units copy after copy,
+    # conversations in the order the dataset lists them, so that one copy keeps the dataset's row
+    # order (the think-time draws below fall on the same rows: one copy is the unscaled table).
+    conv_of_row = pd.Index(ids).get_indexer(cols["conversation_id"])
+    listed = pd.unique(conv_of_row)  # conversations in dataset order
+    rank = np.empty(n, dtype=np.int64)
+    rank[listed] = np.arange(n)
+    units = np.lexsort((rank[unit_conv], np.arange(n_total) // n))  # copy, then dataset order
+    unit_conv, unit_start = unit_conv[units], unit_start[units]
+    by_conv = np.argsort(conv_of_row, kind="stable")
+    bounds = np.searchsorted(conv_of_row[by_conv], np.arange(n + 1))
+    lengths = np.diff(bounds)[unit_conv]
+    within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    src = by_conv[np.repeat(bounds[:-1][unit_conv], lengths) + within]
+    table = cols.iloc[src].reset_index(drop=True)
+    session_start = np.repeat(unit_start, lengths)
     first = table["turn"].to_numpy() == 0
     table.insert(0, "dataset", config.dataset)
     table.insert(1, "arrival_s", np.where(first, session_start, np.nan))
@@ -287,9 +357,147 @@ def prepare_workload(config: WorkloadConfig | None = None, use_cache: bool = Tru
     table.insert(1, "session", np.cumsum(table["turn"].to_numpy() == 0) - 1)
     table = table.reset_index(drop=True)
 
-    with atomic_path(path) as tmp:
-        table.to_parquet(tmp, index=False)
-    with atomic_path(path.with_suffix(".json")) as tmp:
-        tmp.write_text(json.dumps(config.to_dict(), indent=1, default=str))
+    if n_total <= len(ids):
+        with atomic_path(path) as tmp:
+            table.to_parquet(tmp, index=False)
+        with atomic_path(path.with_suffix(".json")) as tmp:
+            tmp.write_text(json.dumps(config.to_dict(), indent=1, default=str))
     table.attrs["config"] = config.to_dict()
     return table
+
+
+def _reference_service(table: pd.DataFrame) -> np.ndarray:
+    m = MODELS.index(REFERENCE_DEPLOYMENT[0])
+    service = workload.ServiceTimeModel.from_profile(*REFERENCE_DEPLOYMENT)
+    return service.service_s(model_matrix(table, "new_tokens")[:, m],
+                             model_matrix(table, "output_tokens")[:, m])
+
+
+def peak_active_sessions(table: pd.DataFrame) -> int:
+    """P: the peak number of simultaneously active sessions of a prepared workload (spec §6).
+
+    A session is active from its first arrival to its last completion. Completion depends on
+    routing, and P is a property of the trace, not of a policy: so it is measured with the
+    service times of :data:`profiles.REFERENCE_DEPLOYMENT` (no capacity limit) for every turn
+    (prefill of the new tokens, history cached; decode of the realized output) and the table's
+    think times. Intervals are half-open [start, end): a session ending when another
+    starts does not overlap it (completions before dispatches, §6a.9).
+    """
+    if table.empty:
+        raise ValueError("peak_active_sessions: empty workload")
+    service = _reference_service(table)
+    first = table["turn"].to_numpy() == 0
+    # Turn k is sent think_k after turn k-1 completes: session end = start + Σ(think + service).
+    per_turn = table["think_s"].to_numpy() + service
+    session = table["session"].to_numpy()
+    length = np.bincount(session, weights=per_turn)
+    start = np.zeros(length.size)
+    start[session[first]] = table["arrival_s"].to_numpy()[first]
+    end = start + length
+    times = np.concatenate([start, end])
+    delta = np.concatenate([np.ones(start.size), -np.ones(end.size)])
+    order = np.lexsort((delta, times))  # at equal times, ends (-1) before starts (+1)
+    return int(np.max(np.cumsum(delta[order])))
+
+
+def mean_context_tokens(table: pd.DataFrame) -> float:
+    """C̄: mean query context (history + new input tokens) of the workload, in the reference
+    model's tokens (spec §6: KV memory per region = K·C̄)."""
+    m = MODELS.index(REFERENCE_DEPLOYMENT[0])
+    ctx = (model_matrix(table, "history_tokens")[:, m]
+           + model_matrix(table, "new_tokens")[:, m])
+    return float(np.mean(ctx))
+
+
+def n_conversations(config: WorkloadConfig) -> int:
+    """Conversations the workload draws its sessions from: the dataset's (after
+    ``max_conversations``), or the ``n_sessions`` sample."""
+    if config.n_sessions is not None:
+        return config.n_sessions
+    return int(dataset_columns(config)["conversation_id"].nunique())
+
+
+def with_copies(config: WorkloadConfig, copies: float) -> WorkloadConfig:
+    """``config`` replayed at ``copies`` times its unscaled session-start rate over the same
+    window: ``sessions_per_s = copies · n / window`` (n: :func:`n_conversations`), so the window
+    holds round(copies · n) sessions. ``copies = 1`` replays the unscaled table exactly."""
+    if isinstance(copies, bool) or not isinstance(copies, int | float | np.number) or not (
+        math.isfinite(copies) and copies > 0
+    ):
+        raise ValueError(f"with_copies: copies must be a finite number > 0, got {copies!r}")
+    rate = float(copies) * n_conversations(config) / config.arrival.window_s
+    return dataclasses.replace(config, sessions_per_s=rate)
+
+
+def with_peak(
+    config: WorkloadConfig, target_peak: int, rel_tol: float = 0.02, max_iter: int = 12
+) -> WorkloadConfig:
+    """``config`` at the session-start rate whose table has a peak of ``target_peak`` active
+    sessions (:func:`peak_active_sessions`), within ``rel_tol``.
+
+    P grows about linearly with the rate (Little's law: mean active sessions = rate × mean
+    session duration; the peak sits a few standard deviations above the mean), so the search
+    starts from that proportion and refines it by secant steps on the measured P of the built
+    tables (deterministic for a seed). Raises ``ValueError`` if it does not converge.
+    """
+    if isinstance(target_peak, bool) or not isinstance(target_peak, int | np.integer) or (
+        target_peak < 1
+    ):
+        raise ValueError(f"with_peak: target_peak must be an integer ≥ 1, got {target_peak!r}")
+    if not 0 < rel_tol < 1:
+        raise ValueError(f"with_peak: rel_tol must be in (0, 1), got {rel_tol!r}")
+    base = dataclasses.replace(config, sessions_per_s=None)
+    n = n_conversations(base)
+    k_lo, p_lo = 0.0, 0.0
+    k = 1.0
+    p = float(peak_active_sessions(prepare_workload(base)))
+    tried = [(k, p)]
+    for _ in range(max_iter):
+        if abs(p - target_peak) <= rel_tol * target_peak:
+            return with_copies(base, k)
+        # secant through the two latest points (the origin at first), clipped to stay positive
+        slope = (p - p_lo) / (k - k_lo) if k != k_lo else p / k
+        k_lo, p_lo = k, p
+        k = max(k + (target_peak - p) / max(slope, 1e-9), 1.0 / n)
+        p = float(peak_active_sessions(prepare_workload(with_copies(base, k))))
+        tried.append((k, p))
+    raise ValueError(f"with_peak: no rate gives P = {target_peak} within {rel_tol:.0%} after "
+                     f"{max_iter} steps (copies, P tried: {tried})")
+
+
+def scale_summary(table: pd.DataFrame) -> dict[str, float | int]:
+    """The replay scale of a prepared table, to print beside every result: session-start rate
+    (sessions/s) over the window, copies of each conversation (mean), sessions, queries and the
+    peak of active sessions P."""
+    cfg = table.attrs.get("config", {})
+    window_s = float(cfg.get("arrival", {}).get("window_days", 7.0)) * 86_400.0
+    sessions = int(table["session"].nunique())
+    conversations = int(table["conversation_id"].nunique())
+    return {"sessions_per_s": sessions / window_s,
+            "copies": sessions / conversations,
+            "sessions": sessions,
+            "conversations": conversations,
+            "queries": len(table),
+            "peak_sessions": peak_active_sessions(table)}
+
+
+def service_utilization(table: pd.DataFrame) -> float:
+    """u: the share of an active session's time during which one of its turns runs — Σ service
+    / Σ (think + service) over every turn, with the service times of
+    :data:`profiles.REFERENCE_DEPLOYMENT` as in :func:`peak_active_sessions`. With P active
+    sessions, about u·P turns run at once (Little's law)."""
+    if table.empty:
+        raise ValueError("service_utilization: empty workload")
+    service = _reference_service(table)
+    return float(service.sum() / (table["think_s"].to_numpy().sum() + service.sum()))
+
+
+def conversation_codes(table: pd.DataFrame) -> np.ndarray:
+    """The conversation of every row as an integer, int64: conversations numbered in the order
+    their first session appears in the table (the table is sorted by session start). With one
+    copy of each conversation this is the ``session`` column itself; copies share a code. A
+    table without ``conversation_id`` gets its ``session`` column."""
+    if "conversation_id" not in table.columns:
+        return table["session"].to_numpy(np.int64)
+    codes, _ = pd.factorize(table["conversation_id"], sort=False)
+    return codes.astype(np.int64)

@@ -48,6 +48,10 @@ __all__ = [
     "load_measured_profiles",
     "validate_profiles",
     "appendix_a_table",
+    "GPU_MEMORY_GB",
+    "KVGeometry",
+    "KV_GEOMETRY",
+    "kv_tokens_per_instance",
 ]
 
 #: Models of the paper, smallest to largest (spec §2). Tables are ordered this way.
@@ -227,6 +231,68 @@ MODEL_SPECS: dict[str, ModelSpec] = {
     ),
 }
 assert tuple(MODEL_SPECS) == MODELS and tuple(GPU_SPECS) == GPUS  # one source of truth
+
+#: Device memory of each GPU type, GB (1 GB = 1e9 bytes; A100 = the 40 GB card).
+GPU_MEMORY_GB: dict[str, float] = {"A10": 24.0, "A100": 40.0, "H100": 80.0}
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    """What a model's KV cache and weights take in GPU memory (published configurations).
+
+    Parameters
+    ----------
+    layers, kv_heads, head_dim : int
+        Decoder layers, key/value heads (GQA) and head size.
+    weight_params_b : float
+        Parameters actually loaded, billions (the published count, not the nominal size P_m:
+        Appendix A's 32–147 GB of free memory per Llama-3.1-70B instance uses 70.6B).
+    """
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    weight_params_b: float
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of KV cache per token in 16-bit: 2 (K and V) × layers × KV heads × head size
+        × 2 bytes. Sliding-window layers (Gemma-3) are counted in full, as an engine that
+        allocates every layer's cache for the whole context does."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * 2
+
+
+#: KV geometry of the catalog's models, from their published configurations (the same
+#: hyperparameters ``benchmarks/gpu_profile.py`` builds the models from) and model cards.
+KV_GEOMETRY: dict[str, KVGeometry] = {
+    "Gemma-3-1B": KVGeometry(layers=26, kv_heads=1, head_dim=256, weight_params_b=1.0),
+    "Llama-3.2-3B": KVGeometry(layers=28, kv_heads=8, head_dim=128, weight_params_b=3.21),
+    "Gemma-3-4B": KVGeometry(layers=34, kv_heads=4, head_dim=256, weight_params_b=4.3),
+    "Mistral-7B-v0.2": KVGeometry(layers=32, kv_heads=8, head_dim=128, weight_params_b=7.24),
+    "Llama-3.1-70B": KVGeometry(layers=80, kv_heads=8, head_dim=128, weight_params_b=70.55),
+}
+assert tuple(KV_GEOMETRY) == MODELS and tuple(GPU_MEMORY_GB) == GPUS
+
+
+def kv_tokens_per_instance(model: str, gpu: str, memory_fraction: float = 0.9) -> float:
+    """KV-cache tokens one instance of ``model`` holds on its ``gpu`` devices (Appendix A's
+    arithmetic): (G_{m,h} × device memory × ``memory_fraction`` − 16-bit weights) / KV bytes
+    per token. E.g. Llama-3.1-70B: 31.7 GB free on 8×A10, 146.9 GB on 8×A100-40GB and on
+    4×H100 → 96,700 / 448,300 / 448,300 tokens at 320 KiB per token.
+
+    Raises ``ValueError`` for an unknown model or GPU, or when the weights do not fit."""
+    if model not in KV_GEOMETRY or gpu not in GPU_MEMORY_GB:
+        raise ValueError(f"kv_tokens_per_instance: unknown model {model!r} or GPU {gpu!r} "
+                         f"(models {MODELS}, GPUs {GPUS})")
+    if not 0 < memory_fraction <= 1:
+        raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}")
+    geo = KV_GEOMETRY[model]
+    free = (MODEL_SPECS[model].n_gpus(gpu) * GPU_MEMORY_GB[gpu] * 1e9 * memory_fraction
+            - 2.0 * geo.weight_params_b * 1e9)
+    if free <= 0:
+        raise ValueError(f"{model}'s 16-bit weights do not fit on its {gpu} deployment")
+    return free / geo.kv_bytes_per_token
+
 
 #: Columns of a profile table, in this order (extra columns may follow).
 PROFILE_COLUMNS: tuple[str, ...] = (

@@ -35,10 +35,14 @@ from carbonrouter_lib.policies import (
     feasibility,
     make_policy,
 )
-from carbonrouter_lib.profiles import MODELS, REFERENCE_DEPLOYMENT, analytical_profiles
-from carbonrouter_lib.workload import ServiceTimeModel
+from carbonrouter_lib.prepared import mean_context_tokens, peak_active_sessions
+from carbonrouter_lib.profiles import MODELS, analytical_profiles, kv_tokens_per_instance
+
+#: The KV-memory rules of :class:`SimulationConfig` (``kv_memory``).
+KV_MEMORY_RULES: tuple[str, ...] = ("paper", "hardware")
 
 __all__ = [
+    "KV_MEMORY_RULES",
     "SimulationConfig",
     "SimulationResult",
     "backend_config",
@@ -72,6 +76,19 @@ class SimulationConfig:
     alpha
         Exponent of the analytical profiles' MFU size law (energy per token ∝ P^α across
         models; spec §3).
+    kv_memory
+        KV-memory rule (:data:`KV_MEMORY_RULES`): ``"paper"`` — each region holds K·C̄ tokens
+        of any model, split over its (region, GPU) pools (spec §6; the reproduction's rule);
+        ``"hardware"`` — every deployment holds what its instances' GPUs have left after the
+        16-bit weights (90% of device memory, :func:`profiles.kv_tokens_per_instance`), with
+        ⌈S·u / instance_batch⌉ instances per (region, GPU) pool and model (S slots per pool,
+        u :func:`prepared.service_utilization`: enough instances to run the pool's sessions'
+        turns in batches of ``instance_batch``). See :func:`backend_config`.
+    kv_scale
+        Multiplies the rule's KV memory (e.g. 10 for "ample"), > 0.
+    instance_batch
+        Concurrent requests one instance batches under the hardware rule (≥ 1; 64, the decode
+        batch at which notebook 08 calibrates κ).
     """
 
     regions: tuple[str, ...] = REGION_SETS["paper"]
@@ -83,10 +100,23 @@ class SimulationConfig:
     kappa: float = 6.0
     gamma: float = 0.05
     alpha: float = 0.8
+    kv_memory: str = "paper"
+    kv_scale: float = 1.0
+    instance_batch: int = 64
 
     def __post_init__(self) -> None:
         if not self.c > 0:
             raise ValueError(f"c must be > 0, got {self.c}")
+        if self.kv_memory not in KV_MEMORY_RULES:
+            raise ValueError(f"kv_memory must be one of {KV_MEMORY_RULES}, got "
+                             f"{self.kv_memory!r}")
+        k = self.kv_scale
+        if isinstance(k, bool) or not isinstance(k, int | float) or not (math.isfinite(k)
+                                                                          and k > 0):
+            raise ValueError(f"kv_scale must be a finite number > 0, got {k!r}")
+        b = self.instance_batch
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ValueError(f"instance_batch must be an integer ≥ 1, got {b!r}")
         if not 0 < self.beta_q <= 1:
             raise ValueError(f"beta_q must be in (0, 1], got {self.beta_q}")
         if not (self.ttl_s > 0 and self.d_ttft_s > 0):
@@ -125,49 +155,6 @@ def _deployments(regions: tuple[str, ...], kappa: float, gamma: float, alpha: fl
     return Deployments.build(regions, analytical_profiles(kappa=kappa, gamma=gamma, alpha=alpha))
 
 
-def _reference_service(table: pd.DataFrame) -> np.ndarray:
-    m = MODELS.index(REFERENCE_DEPLOYMENT[0])
-    service = ServiceTimeModel.from_profile(*REFERENCE_DEPLOYMENT)
-    return service.service_s(prepared.model_matrix(table, "new_tokens")[:, m],
-                             prepared.model_matrix(table, "output_tokens")[:, m])
-
-
-def peak_active_sessions(table: pd.DataFrame) -> int:
-    """P: the peak number of simultaneously active sessions of a prepared workload (spec §6).
-
-    A session is active from its first arrival to its last completion. Completion depends on
-    routing, and P is a property of the trace, not of a policy: so it is measured with the
-    service times of :data:`profiles.REFERENCE_DEPLOYMENT` (no capacity limit) for every turn
-    (prefill of the new tokens, history cached; decode of the realized output) and the table's
-    think times. Intervals are half-open [start, end): a session ending when another
-    starts does not overlap it (completions before dispatches, §6a.9).
-    """
-    if table.empty:
-        raise ValueError("peak_active_sessions: empty workload")
-    service = _reference_service(table)
-    first = table["turn"].to_numpy() == 0
-    # Turn k is sent think_k after turn k-1 completes: session end = start + Σ(think + service).
-    per_turn = table["think_s"].to_numpy() + service
-    session = table["session"].to_numpy()
-    length = np.bincount(session, weights=per_turn)
-    start = np.zeros(length.size)
-    start[session[first]] = table["arrival_s"].to_numpy()[first]
-    end = start + length
-    times = np.concatenate([start, end])
-    delta = np.concatenate([np.ones(start.size), -np.ones(end.size)])
-    order = np.lexsort((delta, times))  # at equal times, ends (-1) before starts (+1)
-    return int(np.max(np.cumsum(delta[order])))
-
-
-def mean_context_tokens(table: pd.DataFrame) -> float:
-    """C̄: mean query context (history + new input tokens) of the workload, in the reference
-    model's tokens (spec §6: KV memory per region = K·C̄)."""
-    m = MODELS.index(REFERENCE_DEPLOYMENT[0])
-    ctx = (prepared.model_matrix(table, "history_tokens")[:, m]
-           + prepared.model_matrix(table, "new_tokens")[:, m])
-    return float(np.mean(ctx))
-
-
 @dataclass
 class SimulationResult:
     """The outcome of one replay: per-query records (metrics.RECORD_COLUMNS) and provenance.
@@ -185,9 +172,30 @@ class SimulationResult:
 
 
 def backend_config(table: pd.DataFrame, config: SimulationConfig) -> BackendConfig:
-    """Capacity of spec §6 for this workload: K = c·P per region, KV memory K·C̄ per region."""
-    return capacity_from_trace(peak_active_sessions(table), mean_context_tokens(table),
+    """Capacity of this workload under ``config`` (spec §6): K = c·P sessions per region split
+    over its GPU types (``slots_per_pool`` S = ⌈c·P/3⌉), and KV memory by ``config.kv_memory``,
+    times ``config.kv_scale``:
+
+    - ``"paper"``: K·C̄ tokens per region, shared by the models of each (region, GPU) pool
+      (:func:`backend.capacity_from_trace`).
+    - ``"hardware"``: per deployment (m, h, r), n·kv_tokens_per_instance(m, h) tokens of m, with
+      n = max(1, ⌈S·u / instance_batch⌉) instances of every model in each pool.
+    """
+    base = capacity_from_trace(peak_active_sessions(table), mean_context_tokens(table),
                                c=config.c, n_gpu_types=3, ttl_s=config.ttl_s)
+    if config.kv_memory == "paper":
+        return dataclasses.replace(base, kv_tokens_per_pool=base.kv_tokens_per_pool
+                                   * config.kv_scale)
+    deps = config.deployments()
+    instances = max(1, math.ceil(base.slots_per_pool * prepared.service_utilization(table)
+                                 / config.instance_batch))
+    per_model_gpu = {(m, g): instances * config.kv_scale * kv_tokens_per_instance(m, g)
+                     for m in deps.models for g in deps.gpus}
+    return BackendConfig(
+        slots_per_pool=base.slots_per_pool, kv_tokens_per_pool=None, ttl_s=config.ttl_s,
+        kv_tokens_per_deployment=tuple(per_model_gpu[(deps.models[m], deps.gpus[g])]
+                                       for m, g in zip(deps.model.tolist(), deps.gpu.tolist(),
+                                                       strict=True)))
 
 
 #: The record columns the replay loop writes (the table row, then the record columns), with
@@ -311,7 +319,8 @@ def simulate(
     v_pre, v_dec = deps.v_pre.tolist(), deps.v_dec.tolist()
     model_of, region_of, n_dep = deps.model.tolist(), deps.region.tolist(), deps.n
     # Everything of Eq. 4–7 that does not depend on dispatch, for all queries at once.
-    batch = QueryBatch(deps, new, hist, est, qual, constraints)
+    conversation = prepared.conversation_codes(table)
+    batch = QueryBatch(deps, new, hist, est, qual, constraints, conversation=conversation)
     ctx, cand = QueryContext(deps), Candidates(deps.n)
     ctx.backend, ctx.signal = be, signal
 
@@ -432,6 +441,7 @@ def simulate(
         names = labels[col].to_numpy()
         records[col] = np.where(served, names[np.maximum(dep, 0)], "")
     records["recomputed_tokens"] = records["history_tokens"] - records["cached_tokens"]
+    records["conversation"] = conversation[order]
     records.insert(0, "policy", policy.name)
     return SimulationResult(records=records, policy=policy.name, params=policy.params(),
                             backend=backend_cfg.to_dict(), counters=be.counters(),

@@ -65,7 +65,7 @@ __all__ = [
 #: Bump when the replay's results change for the same parameters (simulator, backend, policies,
 #: cost model, metrics columns), so that cached sweep results are not reused. The prepared
 #: workload's own code version is part of every key as well.
-CODE_VERSION = "2"
+CODE_VERSION = "3"
 #: Environment variable holding the address of a running Dask scheduler (e.g.
 #: ``tcp://10.0.0.5:8786``); used when ``run_sweep`` gets no client or address.
 SCHEDULER_ENV = "CARBONROUTER_DASK_SCHEDULER"

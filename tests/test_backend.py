@@ -77,7 +77,8 @@ def test_config_defaults_and_floor():
     cfg = BackendConfig(slots_per_pool=np.int64(3), kv_tokens_per_pool=99.9)
     assert cfg.ttl_s == 1800.0 and type(cfg.slots_per_pool) is int
     assert cfg.kv_capacity_tokens == 99 and make(kv=99.9).kv_capacity_tokens == 99
-    assert cfg.to_dict() == {"slots_per_pool": 3, "kv_tokens_per_pool": 99.9, "ttl_s": 1800.0}
+    assert cfg.to_dict() == {"slots_per_pool": 3, "kv_tokens_per_pool": 99.9, "ttl_s": 1800.0,
+                             "kv_tokens_per_deployment": None}
     assert BackendConfig(1, 1.0, ttl_s=math.inf).ttl_s == math.inf
 
 
@@ -249,17 +250,26 @@ def test_copy_is_independent():
 
 
 class RefBackend:
-    """Brute-force model of spec §6a.3–4: full scans and sorting, no heaps or versions."""
+    """Brute-force model of spec §6a.3–4: full scans and sorting, no heaps or versions.
 
-    def __init__(self, slots: int, cap: int, ttl: float) -> None:
-        self.slots, self.cap, self.ttl = slots, cap, ttl
+    ``caps``: None for the shared (region, GPU) KV pools of ``cap`` tokens each; else the KV
+    memory of every deployment (KV pool = the deployment)."""
+
+    def __init__(self, slots: int, cap: int, ttl: float, caps: list[int] | None = None) -> None:
+        self.slots, self.cap, self.ttl, self.caps = slots, cap, ttl, caps
         self.caches: dict[tuple[int, int], list] = {}  # (s, a) → [tokens, f_last, pinned]
         self.holder: dict[int, int] = {}
         self.departed: set[int] = set()
         self.evicted = self.expired = self.overflows = 0
 
-    def used(self, p: int) -> int:
-        return sum(c[0] for (s, a), c in self.caches.items() if DEP.pool[a] == p)
+    def kv_pool(self, a: int) -> int:
+        return int(DEP.pool[a]) if self.caps is None else a
+
+    def capacity(self, kp: int) -> int:
+        return self.cap if self.caps is None else self.caps[kp]
+
+    def used(self, kp: int) -> int:
+        return sum(c[0] for (s, a), c in self.caches.items() if self.kv_pool(a) == kp)
 
     def slots_used(self, p: int) -> int:
         return sum(1 for q in self.holder.values() if q == p)
@@ -284,10 +294,11 @@ class RefBackend:
             self.caches[(s, a)][0] = ctx
             return
         need = ctx - old
-        missing = need - (self.cap - self.used(p))
+        kp = self.kv_pool(a)
+        missing = need - (self.capacity(kp) - self.used(kp))
         if missing > 0:
             victims = sorted(
-                (k for k, c in self.caches.items() if DEP.pool[k[1]] == p and not c[2]),
+                (k for k, c in self.caches.items() if self.kv_pool(k[1]) == kp and not c[2]),
                 key=lambda k: (k[0] not in self.departed, self.caches[k][1], k[0], k[1]))
             for k in victims:
                 take = min(missing, self.caches[k][0])
@@ -329,10 +340,22 @@ op_strategy = st.tuples(
 )
 
 
-def run_ops(ops, slots, cap, check=True):
-    """Apply ops to the backend (and the reference, checking both after each step)."""
-    b = make(slots=slots, kv=cap + 0.5, ttl=10.0)
-    ref = RefBackend(slots, cap, 10.0)
+def per_deployment_caps(cap: int) -> list[int]:
+    """KV memory per deployment for the per-deployment rule's property tests (varied)."""
+    return [max(5, cap // 3 + 7 * (a % 4) - 10) for a in range(DEP.n)]
+
+
+def run_ops(ops, slots, cap, check=True, per_deployment=False):
+    """Apply ops to the backend (and the reference, checking both after each step); with
+    ``per_deployment`` every deployment has its own KV pool (:func:`per_deployment_caps`)."""
+    if per_deployment:
+        caps = per_deployment_caps(cap)
+        b = Backend(DEP, BackendConfig(slots, None, ttl_s=10.0,
+                                       kv_tokens_per_deployment=[c + 0.5 for c in caps]))
+        ref = RefBackend(slots, cap, 10.0, caps)
+    else:
+        b = make(slots=slots, kv=cap + 0.5, ttl=10.0)
+        ref = RefBackend(slots, cap, 10.0)
     now = 1000.0
     running: dict[int, int] = {}
     last_ctx: dict[tuple[int, int], int] = {}
@@ -382,8 +405,12 @@ def run_ops(ops, slots, cap, check=True):
 def check_state(b, ref, running, last_ctx, pinned_len):
     used = b.pool_used_tokens()
     free = b.free_slots()
+    caps = b.kv_capacities()
+    for kp in range(len(caps)):
+        assert used[kp] == ref.used(kp) <= ref.capacity(kp) == caps[kp]
+    for a in range(DEP.n):
+        assert b.kv_used_share(a) == used[b.kv_pool_of()[a]] / caps[b.kv_pool_of()[a]]
     for p in range(DEP.n_pools):
-        assert used[p] == ref.used(p) <= ref.cap
         assert 0 <= free[p] == ref.slots - ref.slots_used(p) <= ref.slots
     assert b.n_caches == len(ref.caches)
     # Every session that is live or still has a cache (departed ones without caches are covered
@@ -414,6 +441,40 @@ def check_state(b, ref, running, last_ctx, pinned_len):
        cap=st.integers(40, 300))
 def test_random_operations_match_reference(ops, slots, cap):
     run_ops(ops, slots, cap)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(op_strategy, min_size=40, max_size=100), slots=st.integers(1, 3),
+       cap=st.integers(40, 300))
+def test_random_operations_with_per_deployment_kv_pools_match_reference(ops, slots, cap):
+    run_ops(ops, slots, cap, per_deployment=True)
+
+
+def test_per_deployment_kv_pools_evict_only_within_the_deployment():
+    caps = [100.0] * DEP.n
+    b = Backend(DEP, BackendConfig(4, None, ttl_s=1e9, kv_tokens_per_deployment=caps))
+    turn(b, 1, P0[0], 0.0, 90)  # idle cache of model 0 on A10/AT
+    turn(b, 2, P0[1], 1.0, 90)  # model 1, same (region, GPU) pool: its own KV memory
+    assert b.cache_length(1, P0[0]) == 90 and b.counters()["evicted_tokens"] == 0
+    turn(b, 3, P0[0], 2.0, 50)  # model 0 again: evicts 40 from session 1 only
+    assert b.cache_length(1, P0[0]) == 50 and b.cache_length(2, P0[1]) == 90
+    assert b.kv_used_share(P0[0]) == 1.0 and b.kv_used_share(P0[1]) == 0.9
+    assert b.kv_pool_of().tolist() == list(range(DEP.n))
+    with pytest.raises(ValueError, match="per deployment"):
+        _ = b.kv_capacity_tokens
+
+
+def test_per_deployment_config_is_validated():
+    with pytest.raises(ValueError, match="exactly one"):
+        BackendConfig(2, 10.0, kv_tokens_per_deployment=[1.0] * DEP.n)
+    with pytest.raises(ValueError, match="exactly one"):
+        BackendConfig(2, None)
+    with pytest.raises(ValueError, match=r"kv_tokens_per_deployment\[1\]"):
+        BackendConfig(2, None, kv_tokens_per_deployment=[1.0, 0.0])
+    with pytest.raises(ValueError, match="2 values for 30 deployments"):
+        Backend(DEP, BackendConfig(2, None, kv_tokens_per_deployment=[1.0, 2.0]))
+    cfg = BackendConfig(2, None, kv_tokens_per_deployment=(1.5, 2))
+    assert cfg.to_dict()["kv_tokens_per_deployment"] == [1.5, 2.0]
 
 
 @settings(max_examples=40, deadline=None)

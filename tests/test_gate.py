@@ -13,6 +13,7 @@ import pytest
 from test_simulator import AMPLE, CONFIG, DEPS, ci_grid, conversation, make_signal, make_table, run
 
 from carbonrouter_lib import gate as gate_mod
+from carbonrouter_lib import prepared
 from carbonrouter_lib.gate import (
     FEATURES,
     GateTrainingConfig,
@@ -23,7 +24,7 @@ from carbonrouter_lib.gate import (
     train_gate,
 )
 from carbonrouter_lib.policies import CarbonRouter
-from carbonrouter_lib.simulator import simulate
+from carbonrouter_lib.simulator import SimulationConfig, backend_config, simulate
 
 H100_A = DEPS.index("Llama-3.1-70B", "H100", "A")
 H100_B = DEPS.index("Llama-3.1-70B", "H100", "B")
@@ -306,3 +307,32 @@ def test_array_forest_predicts_exactly_as_xgboost():
         ref = booster.inplace_predict(x)
         ours = np.array([gate.predict(f, row) for row in x])
         np.testing.assert_array_equal(ours, ref.astype(np.float64))
+
+
+def test_folds_are_by_conversation_so_no_model_sees_a_copy_of_what_it_routes():
+    # A resampled replay: every conversation three times (copies in different sessions).
+    frame = _synthetic_opportunities(n_sessions=240)
+    frame.insert(1, "conversation", frame["session"] % 80)
+    training = GateTrainingConfig(folds=5, seed=3, n_estimators=20)
+    gate = train_gate(frame, training)
+    fold = session_folds(frame["conversation"].to_numpy(), 5, 3)
+    per_conv = pd.Series(fold).groupby(frame["conversation"].to_numpy()).nunique()
+    assert (per_conv == 1).all()  # all copies of a conversation in one fold
+    for c in (0, 17, 79):
+        assert gate.fold_of(c) == fold[frame["conversation"].to_numpy() == c][0]
+    # Changing the labels of one fold's conversations (every copy) cannot change its model.
+    f0 = frame.copy()
+    f0.loc[fold == 0, "label"] += 1000.0
+    x = frame[list(FEATURES)].to_numpy()
+    np.testing.assert_array_equal(gate.boosters[0].inplace_predict(x),
+                                  train_gate(f0, training).boosters[0].inplace_predict(x))
+
+
+def test_replay_at_scale_routes_each_copy_with_its_conversations_fold():
+    cfg = prepared.WorkloadConfig(dataset="sharegpt", max_conversations=60, seed=4)
+    table = prepared.prepare_workload(prepared.with_copies(cfg, 3), use_cache=False)
+    sim = SimulationConfig(regions=("GB", "US-CAL-CISO"))
+    opps = collect_opportunities(table, sim, sim.signal(), backend_config(table, sim))
+    codes = prepared.conversation_codes(table)
+    np.testing.assert_array_equal(opps["conversation"].to_numpy(), codes[opps["row"].to_numpy()])
+    assert opps["conversation"].nunique() < opps["session"].nunique()

@@ -477,3 +477,29 @@ def test_paired_by_session_length_equals_filtered_bootstrap():
     assert ch.loc["all", "change_pct"] == pytest.approx(
         100 * (b["carbon_g"].sum() / a["carbon_g"].sum() - 1)
     )
+
+
+def test_copies_of_a_conversation_are_resampled_together():
+    # 40 conversations, each replayed as 3 sessions (replay scale): the bootstrap draws
+    # conversations, every session of a drawn conversation with it (a slow reference here).
+    a, b = _pair(120, seed=5)
+    conv = np.arange(120) % 40
+    a = a.assign(conversation=conv[a["session"].to_numpy()])
+    b = b.assign(conversation=conv[b["session"].to_numpy()])
+    n_boot, seed = 80, 3
+    res = paired_saving_ci(a, b, n_boot=n_boot, seed=seed)
+    assert res.n_sessions == 120 and res.n_clusters == 40
+    idx = np.random.default_rng(seed).integers(0, 40, size=(n_boot, 40))
+    ca = a.groupby("conversation")["carbon_g"].sum().to_numpy()
+    cb = b.groupby("conversation")["carbon_g"].sum().to_numpy()
+    np.testing.assert_allclose(res.draws, [100 * (1 - ca[r].sum() / cb[r].sum()) for r in idx])
+    # Copies are not independent: treating each session as its own unit gives another CI.
+    alone = paired_saving_ci(a.drop(columns="conversation"), b.drop(columns="conversation"),
+                             n_boot=n_boot, seed=seed)
+    assert alone.n_clusters == 120 and alone.estimate == pytest.approx(res.estimate)
+    # One conversation per session is exactly the session bootstrap.
+    one = paired_saving_ci(a.assign(conversation=a["session"]), b.assign(
+        conversation=b["session"]), n_boot=n_boot, seed=seed)
+    np.testing.assert_array_equal(one.draws, alone.draws)
+    with pytest.raises(ValueError, match="different conversations"):
+        paired_saving_ci(a, b.assign(conversation=b["session"]), n_boot=10)

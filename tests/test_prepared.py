@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pandas as pd
@@ -130,3 +131,109 @@ def test_missing_mirror_file_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv(datasets.CACHE_ENV, str(tmp_path / "cache"))
     with pytest.raises(datasets.DataUnavailableError, match="conversation_trace.jsonl"):
         prepared.base_turns("mooncake")
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay scale: resampled conversations at a chosen session-start rate
+
+
+def _scaled(copies: float, base: prepared.WorkloadConfig = SMALL) -> pd.DataFrame:
+    return prepared.prepare_workload(prepared.with_copies(base, copies), use_cache=False)
+
+
+def test_one_copy_is_exactly_the_unscaled_table(small_table):
+    cfg = prepared.with_copies(SMALL, 1)
+    assert cfg.sessions_per_s == pytest.approx(60 / SMALL.arrival.window_s)
+    pd.testing.assert_frame_equal(prepared.prepare_workload(cfg, use_cache=False), small_table)
+    sample = dataclasses.replace(SMALL, n_sessions=25)
+    pd.testing.assert_frame_equal(
+        prepared.prepare_workload(prepared.with_copies(sample, 1.0), use_cache=False),
+        prepared.prepare_workload(sample, use_cache=False))
+
+
+def test_resampling_keeps_every_conversation_intact_and_ordered(small_table):
+    t = _scaled(3.5)
+    assert t["session"].nunique() == round(3.5 * 60) == 210
+    per_conv = t.groupby("conversation_id")["session"].nunique()
+    # stratified: every conversation 3 or 4 times, 30 of them 4 times
+    assert set(per_conv) == {3, 4} and (per_conv == 4).sum() == 30
+    base = small_table.set_index(["conversation_id", "turn"])
+    cols = [c for c in small_table.columns
+            if c not in ("session", "arrival_s", "think_s", "dataset", "conversation_id")]
+    for _, g in t.groupby("session"):
+        assert list(g["turn"]) == list(range(len(g))) == list(range(g["n_turns"].iloc[0]))
+        assert g["conversation_id"].nunique() == 1
+        ref = base.loc[g["conversation_id"].iloc[0]].reset_index()
+        # the copy's turns, tokens, estimated outputs and quality are its conversation's
+        pd.testing.assert_frame_equal(g[cols].reset_index(drop=True),
+                                      ref[cols].reset_index(drop=True), check_dtype=False)
+
+
+def test_copies_draw_their_own_starts_and_think_times():
+    t = _scaled(4)
+    first = t[t["turn"] == 0]
+    starts = first.groupby("conversation_id")["arrival_s"].apply(list)
+    assert all(len(set(v)) == 4 for v in starts)  # four distinct start times per conversation
+    later = t[t["turn"] > 0]
+    # the copies of one (conversation, turn) think for different times
+    spread = later.groupby(["conversation_id", "turn"])["think_s"].nunique()
+    assert (spread == 4).all()
+    cfg = SMALL.arrival
+    assert first["arrival_s"].between(cfg.start_epoch_s, cfg.end_epoch_s).all()
+    assert np.all(np.diff(first["arrival_s"].to_numpy()) >= 0)
+    assert list(first["session"]) == list(range(len(first)))
+
+
+def test_scaled_tables_are_deterministic_and_depend_on_the_seed():
+    a, b = _scaled(2.5), _scaled(2.5)
+    pd.testing.assert_frame_equal(a, b)
+    c = _scaled(2.5, dataclasses.replace(SMALL, seed=9))
+    assert not np.allclose(a["think_s"].sum(), c["think_s"].sum())
+
+
+def test_peak_grows_about_linearly_with_the_rate():
+    cfg = prepared.WorkloadConfig(dataset="sharegpt", max_conversations=400, seed=2)
+    peaks = {k: prepared.peak_active_sessions(_scaled(k, cfg)) for k in (4, 8, 16, 32)}
+    ratios = [peaks[2 * k] / peaks[k] for k in (4, 8, 16)]
+    # doubling the rate doubles P up to the fluctuation of a peak (a few √P)
+    assert all(1.6 < r < 2.3 for r in ratios), peaks
+
+
+def test_with_peak_hits_the_target_and_records_the_rate():
+    cfg = prepared.WorkloadConfig(dataset="sharegpt", max_conversations=400, seed=2)
+    target = 60
+    scaled = prepared.with_peak(cfg, target, rel_tol=0.05)
+    t = prepared.prepare_workload(scaled, use_cache=False)
+    summary = prepared.scale_summary(t)
+    assert abs(summary["peak_sessions"] - target) <= 0.05 * target
+    assert summary["sessions"] == round(scaled.sessions_per_s * cfg.arrival.window_s)
+    assert summary["sessions_per_s"] == pytest.approx(scaled.sessions_per_s, rel=1e-3)
+    assert t.attrs["config"]["sessions_per_s"] == scaled.sessions_per_s
+
+
+def test_estimates_of_copies_come_from_the_dataset_level_cross_fit():
+    # Output-length estimates and quality are computed once per dataset row (folds by
+    # conversation) and copied: no estimate was fitted on a copy of its own conversation.
+    cols = prepared.dataset_columns(SMALL).set_index(["conversation_id", "turn"])
+    t = _scaled(3).set_index(["conversation_id", "turn"])
+    for q in ("est_output_tokens", "quality"):
+        for m in MODELS:
+            c = prepared.column(q, m)
+            np.testing.assert_array_equal(t[c].to_numpy(), cols.loc[t.index, c].to_numpy())
+
+
+def test_conversation_codes_are_the_session_at_one_copy(small_table):
+    np.testing.assert_array_equal(prepared.conversation_codes(small_table),
+                                  small_table["session"].to_numpy())
+    t = _scaled(3)
+    codes = prepared.conversation_codes(t)
+    assert len(np.unique(codes)) == 60
+    assert (pd.Series(codes).groupby(t["conversation_id"].to_numpy()).nunique() == 1).all()
+
+
+@pytest.mark.parametrize("rate", [0, -1.0, math.nan, math.inf, "1", True])
+def test_bad_rates_are_rejected(rate):
+    with pytest.raises(ValueError, match="sessions_per_s"):
+        prepared.WorkloadConfig(sessions_per_s=rate)
+    with pytest.raises(ValueError, match="copies"):
+        prepared.with_copies(SMALL, rate if rate != 0 else -2)

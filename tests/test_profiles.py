@@ -309,3 +309,24 @@ def test_appendix_a_table_units(table):
     # J/token × 1,000 tokens / 3.6e6 J/kWh × 1e6 mWh/kWh
     assert r["e_in_mwh_per_1k"] == pytest.approx(e_in_j * 1000 / 3.6e6 * 1e6)
     assert math.isclose(r["e_out_mwh_per_1k"], 6 * r["e_in_mwh_per_1k"])
+
+
+def test_kv_memory_per_instance_follows_appendix_a():
+    from carbonrouter_lib.profiles import KV_GEOMETRY, kv_tokens_per_instance
+
+    geo = KV_GEOMETRY["Llama-3.1-70B"]
+    assert geo.kv_bytes_per_token == 80 * 8 * 128 * 2 * 2 == 320 * 1024
+    # Appendix A: 8×A10 (24 GB), 8×A100-40GB, 4×H100 (80 GB); 90% usable, minus 16-bit weights
+    # of 70.6B parameters → 32 GB and 147 GB left for the KV cache.
+    for gpu, free_gb in [("A10", 32), ("A100", 147), ("H100", 147)]:
+        free = kv_tokens_per_instance("Llama-3.1-70B", gpu) * geo.kv_bytes_per_token / 1e9
+        assert round(free) == free_gb
+    assert kv_tokens_per_instance("Llama-3.1-70B", "A100") == pytest.approx(
+        (8 * 40e9 * 0.9 - 2 * 70.55e9) / 327_680)
+    # Mistral-7B on one A10: 21.6 GB − 14.5 GB at 128 KiB per token.
+    assert kv_tokens_per_instance("Mistral-7B-v0.2", "A10") == pytest.approx(
+        (24e9 * 0.9 - 2 * 7.24e9) / (32 * 8 * 128 * 4))
+    with pytest.raises(ValueError, match="unknown model"):
+        kv_tokens_per_instance("GPT-4", "A10")
+    with pytest.raises(ValueError, match="do not fit"):
+        kv_tokens_per_instance("Mistral-7B-v0.2", "A10", memory_fraction=0.5)

@@ -28,7 +28,7 @@ from carbonrouter_lib.backend import BackendConfig
 from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.deployments import Deployments
 from carbonrouter_lib.policies import CarbonRouter
-from carbonrouter_lib.profiles import MODELS, analytical_profiles
+from carbonrouter_lib.profiles import MODELS, analytical_profiles, kv_tokens_per_instance
 from carbonrouter_lib.simulator import (
     SimulationConfig,
     backend_config,
@@ -465,6 +465,8 @@ def test_result_does_not_depend_on_the_order_of_sessions(name):
         ref = run(make_table(specs), name, values, backend).records
         res = run(make_table([specs[j] for j in perm]), name, values, backend).records
         res["session"] = np.asarray(perm)[res["session"].to_numpy()]
+        # without conversation ids every session is its own conversation
+        res["conversation"] = np.asarray(perm)[res["conversation"].to_numpy()]
         pd.testing.assert_frame_equal(ref, res)
 
 
@@ -793,3 +795,31 @@ def _check_cache_upper_bound(table, rec) -> None:
         t = rows[(r.session, r.turn)]
         cache[(r.session, a)] = (t["history_tokens"][m] + t["new_tokens"][m]
                                  + t["output_tokens"][m])
+
+
+def test_kv_memory_rules():
+    specs = [(0.0, [{"new": 1000, "out": 100}]), (0.5, [{"new": 500, "out": 100}]),
+             (0.7, [{"new": 200, "out": 10}])]
+    table = make_table(specs)
+    paper = backend_config(table, SimulationConfig(regions=REGIONS, c=2.0))
+    ample = backend_config(table, SimulationConfig(regions=REGIONS, c=2.0, kv_scale=10.0))
+    assert ample.kv_tokens_per_pool == pytest.approx(10 * paper.kv_tokens_per_pool)
+    assert ample.slots_per_pool == paper.slots_per_pool
+    hw_cfg = SimulationConfig(regions=REGIONS, c=2.0, kv_memory="hardware")
+    hw = backend_config(table, hw_cfg)
+    deps = hw_cfg.deployments()
+    assert hw.kv_tokens_per_pool is None and hw.slots_per_pool == paper.slots_per_pool
+    # One instance of every model per pool (S·u / 64 < 1): its free GPU memory in its tokens.
+    for a in range(deps.n):
+        m, g = deps.models[deps.model[a]], deps.gpus[deps.gpu[a]]
+        assert hw.kv_tokens_per_deployment[a] == kv_tokens_per_instance(m, g)
+    # Instances grow with the slots: n = ceil(S·u / batch).
+    u = prepared.service_utilization(table)
+    big = SimulationConfig(regions=REGIONS, c=2.0, kv_memory="hardware", instance_batch=1)
+    n = math.ceil(paper.slots_per_pool * u / 1)
+    assert backend_config(table, big).kv_tokens_per_deployment[0] == pytest.approx(
+        n * kv_tokens_per_instance(deps.models[deps.model[0]], deps.gpus[deps.gpu[0]]))
+    for bad in ({"kv_memory": "lots"}, {"kv_scale": 0}, {"kv_scale": math.nan},
+                {"instance_batch": 0}, {"instance_batch": 2.5}):
+        with pytest.raises(ValueError):
+            SimulationConfig(**bad)

@@ -142,6 +142,10 @@ class QueryBatch:
     check : bool
         Validate the values (finite and ≥ 0 tokens, quality in [0, 1]); ``ValueError`` naming
         the quantity and the first bad query (row) otherwise. Shapes are always checked.
+    conversation : array_like of int (N,), optional
+        The conversation each query belongs to (:func:`carbonrouter_lib.prepared.
+        conversation_codes`; copies of a conversation in a resampled replay share it). None:
+        each session is its own conversation (:attr:`QueryContext.conversation`).
 
     Attributes
     ----------
@@ -172,6 +176,7 @@ class QueryBatch:
         quality: np.ndarray,
         config: ConstraintConfig | None = None,
         check: bool = True,
+        conversation: np.ndarray | None = None,
     ) -> None:
         d = deployments
         n_m = len(d.models)
@@ -186,6 +191,13 @@ class QueryBatch:
                 _check_rows(name, tokens[:, j], ~np.isfinite(tokens[:, j]) | (tokens[:, j] < 0))
             _check_rows("quality", q, ~((q >= 0) & (q <= 1)))
         n_q, n_r = tokens.shape[0], len(d.regions)
+        self.conversation: list[int] | None = None
+        if conversation is not None:
+            conv = np.asarray(conversation)
+            if conv.shape != (n_q,) or not np.issubdtype(conv.dtype, np.integer):
+                raise ValueError(f"QueryBatch: conversation must be {n_q} integers, got "
+                                 f"{conv.dtype} {conv.shape}")
+            self.conversation = conv.tolist()  # a list: scalar reads on the hot path
         self.deployments, self.config = d, config
         self.tokens, self.quality = tokens, q
         # N_new and N_hist per model as a flat typed array: scalar reads on the hot path.
@@ -260,6 +272,9 @@ class QueryContext:
         Dispatch time d, s since the Unix epoch (NaN if the caller did not give it).
     batch, row : QueryBatch, int
         Where the query's dispatch-independent terms are (``batch`` row ``row``).
+    conversation : int
+        The conversation the session replays (the batch's ``conversation``; the session id when
+        the batch has none): copies of one conversation share it (replay scale).
     cached : ndarray, float64 (n,)
         L(a): history tokens cached on each deployment, clipped to N_hist of its model.
     n_new, n_hist, n_out_est : ndarray, float64 (n,)
@@ -329,6 +344,11 @@ class QueryContext:
         self._de = (d.e_in - d.e_cache).tolist()  # kWh/token
 
     # ---- per-model and per-deployment views of the query ---------------------------------
+
+    @property
+    def conversation(self) -> int:
+        conv = self.batch.conversation
+        return self.session if conv is None else conv[self.row]
 
     @property
     def n_new_m(self) -> np.ndarray:
