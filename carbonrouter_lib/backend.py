@@ -43,10 +43,13 @@ Decisions where the spec is silent
   to a deployment that is not available; these are simulator bugs and raise ``ValueError``.
 
 Cost: :meth:`~Backend.cached_tokens` and :meth:`~Backend.available` are O(caches of the session)
-plus one O(n) array fill; dispatch/complete/depart are O(log #caches) amortized plus the victims
-they evict. Eviction order and expiry use heaps with lazy invalidation (each cache carries a
-version number; stale heap entries are skipped when they surface), so memory grows with the
-number of operations of one replay, not with time.
+plus one O(n) array fill; dispatch/complete are O(1) amortized plus the victims they evict, depart
+O(log #caches) per cache of the session. Idle caches become idle in time order (a completion
+never precedes an earlier one), so the LRU order of the live caches of a KV pool and the expiry
+order are queues appended at completion (an exact tie in ``f_last`` is inserted in (session,
+deployment) order at the queue's tail); caches of departed sessions, which leave the live order
+out of turn, go to a heap per KV pool. Entries are invalidated lazily (each cache carries a
+version number; stale entries are skipped when they surface).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from __future__ import annotations
 import heapq
 import math
 import operator
+from collections import deque
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
@@ -277,11 +281,12 @@ class Backend:
         self._deps_of_pool = [_index_of(np.flatnonzero(self._pool_arr == p))
                               for p in range(self._n_pools)]
         self._used = [0] * n_kv  # KV tokens in use per KV pool
-        # eviction order per KV pool: heaps of (f_last, session, deployment, version)
+        # eviction order per KV pool, entries (f_last, session, deployment, version): a heap for
+        # departed sessions' caches, a queue sorted by completion for the others
         self._lru_departed: list[list[tuple]] = [[] for _ in range(n_kv)]
-        self._lru_live: list[list[tuple]] = [[] for _ in range(n_kv)]
-        # expiry: heap of (f_last + ttl, session, deployment, version)
-        self._expiry: list[tuple] = []
+        self._lru_live: list[deque[tuple]] = [deque() for _ in range(n_kv)]
+        # expiry: a queue of (f_last, session, deployment, version), sorted by f_last
+        self._expiry: deque[tuple] = deque()
         # counters
         self._c = dict.fromkeys(
             ("evicted_tokens", "evicted_caches", "expired_tokens", "expired_caches",
@@ -307,9 +312,9 @@ class Backend:
         if now < self._now:
             raise ValueError(f"time went backwards: {now!r} s < {self._now!r} s")
         self._now = now
-        heap = self._expiry
-        while heap and heap[0][0] < now:
-            _, s, a, ver = heapq.heappop(heap)
+        queue, ttl = self._expiry, self._ttl
+        while queue and queue[0][0] + ttl < now:
+            _, s, a, ver = queue.popleft()
             rec = self._valid(s, a, ver)
             if rec is None:
                 continue  # stale entry: the cache was reused, moved, evicted or removed
@@ -340,9 +345,12 @@ class Backend:
             ok[self._deps_of_pool[held]] = True
         return ok
 
-    def free_slots(self) -> np.ndarray:
-        """Free slots per pool, int64 (n_pools,); a pool holding a session counts it as taken."""
-        return self._free.copy()
+    def free_slots(self, copy: bool = True) -> np.ndarray:
+        """Free slots per pool, int64 (n_pools,); a pool holding a session counts it as taken.
+
+        ``copy=False`` returns the backend's own array (read it, never write it; it changes at
+        the next dispatch, completion or departure): the simulator's per-query path."""
+        return self._free.copy() if copy else self._free
 
     # -----------------------------------------------------------------------------------------
     # events
@@ -426,7 +434,9 @@ class Backend:
         if rec.tokens == 0:
             self._remove(s, a, rec)
         else:
-            self._push(s, a, rec)
+            entry = (rec.f_last, s, a, rec.version)
+            _append_sorted(self._lru_live[self._kvp_of[a]], entry)
+            _append_sorted(self._expiry, entry)
 
     def depart(self, session: int, now: float) -> None:
         """``session`` leaves at ``now`` (s): its slot is released; its caches stay, idle, and
@@ -444,8 +454,9 @@ class Backend:
         if p is not None:
             self._add_free(p, 1)
         for a, rec in self._caches.get(s, {}).items():
-            rec.version = self._bump()
-            self._push(s, a, rec)  # into the departed heap (and a fresh expiry entry)
+            # Idle (no turn runs): its live-queue entry is now skipped (the session departed)
+            # and its expiry entry stays valid.
+            heapq.heappush(self._lru_departed[self._kvp_of[a]], (rec.f_last, s, a, rec.version))
 
     # -----------------------------------------------------------------------------------------
     # inspection (tests, metrics, gate features)
@@ -526,8 +537,8 @@ class Backend:
         new._open = self._open.copy()
         new._used = list(self._used)
         new._lru_departed = [list(h) for h in self._lru_departed]
-        new._lru_live = [list(h) for h in self._lru_live]
-        new._expiry = list(self._expiry)
+        new._lru_live = [deque(q) for q in self._lru_live]
+        new._expiry = deque(self._expiry)
         new._c = dict(self._c)
         return new
 
@@ -539,23 +550,12 @@ class Backend:
         self._free[p] = free
         self._open[self._deps_of_pool[p]] = free > 0
 
-    def _bump(self) -> int:
-        # Versions are global, so a removed and re-created cache never matches an old entry.
-        self._version += 1
-        return self._version
-
     def _valid(self, s: int, a: int, ver: int) -> _Cache | None:
         caches = self._caches.get(s)
         rec = None if caches is None else caches.get(a)
         if rec is None or rec.version != ver or rec.pinned:
             return None
         return rec
-
-    def _push(self, s: int, a: int, rec: _Cache) -> None:
-        p = self._kvp_of[a]
-        heap = self._lru_departed[p] if s in self._departed else self._lru_live[p]
-        heapq.heappush(heap, (rec.f_last, s, a, rec.version))
-        heapq.heappush(self._expiry, (rec.f_last + self._ttl, s, a, rec.version))
 
     def _remove(self, s: int, a: int, rec: _Cache) -> None:
         self._used[self._kvp_of[a]] -= rec.tokens
@@ -568,25 +568,53 @@ class Backend:
         """Free up to ``missing`` tokens from idle caches of KV pool ``p``; return tokens
         freed."""
         freed = removed = 0
-        all_caches = self._caches
-        for heap in (self._lru_departed[p], self._lru_live[p]):
-            while freed < missing and heap:
-                _, s, a, ver = heap[0]
-                caches = all_caches.get(s)
-                rec = None if caches is None else caches.get(a)
-                if rec is None or rec.version != ver or rec.pinned:  # stale (see _valid)
-                    heapq.heappop(heap)
-                    continue
-                take = min(rec.tokens, missing - freed)
-                rec.tokens -= take  # trim the suffix; the prefix stays usable
-                freed += take
-                if rec.tokens == 0:
-                    heapq.heappop(heap)
-                    removed += 1
-                    self._remove(s, a, rec)
-            if freed >= missing:
-                break
+        all_caches, departed = self._caches, self._departed
+        heap = self._lru_departed[p]
+        while freed < missing and heap:
+            _, s, a, ver = heap[0]
+            caches = all_caches.get(s)
+            rec = None if caches is None else caches.get(a)
+            if rec is None or rec.version != ver or rec.pinned:  # stale (see _valid)
+                heapq.heappop(heap)
+                continue
+            take = min(rec.tokens, missing - freed)
+            rec.tokens -= take  # trim the suffix; the prefix stays usable
+            freed += take
+            if rec.tokens == 0:
+                heapq.heappop(heap)
+                removed += 1
+                self._remove(s, a, rec)
+        queue = self._lru_live[p]
+        while freed < missing and queue:
+            _, s, a, ver = queue[0]
+            caches = all_caches.get(s)
+            rec = None if caches is None else caches.get(a)
+            # stale, or a departed session's (evicted through the departed heap)
+            if rec is None or rec.version != ver or rec.pinned or s in departed:
+                queue.popleft()
+                continue
+            take = min(rec.tokens, missing - freed)
+            rec.tokens -= take
+            freed += take
+            if rec.tokens == 0:
+                queue.popleft()
+                removed += 1
+                self._remove(s, a, rec)
         self._used[p] -= freed
         self._c["evicted_tokens"] += freed
         self._c["evicted_caches"] += removed
         return freed
+
+
+def _append_sorted(queue: deque[tuple], entry: tuple) -> None:
+    """Append ``entry`` (f_last, session, deployment, version) to a queue sorted by its first
+    three fields, whose last entries have f_last ≤ ``entry``'s (completions come in time order):
+    at an exact tie in f_last it goes before the tail entries with a larger (session,
+    deployment), so that the order does not depend on the order of the calls."""
+    if not queue or queue[-1][0] < entry[0] or queue[-1][:3] <= entry[:3]:
+        queue.append(entry)
+        return
+    i = len(queue) - 1
+    while i > 0 and queue[i - 1][:3] > entry[:3]:
+        i -= 1
+    queue.insert(i, entry)

@@ -198,20 +198,59 @@ def backend_config(table: pd.DataFrame, config: SimulationConfig) -> BackendConf
                                                        strict=True)))
 
 
-#: The record columns the replay loop writes (the table row, then the record columns), with
-#: their dtypes and ``array`` type codes.
-_RECORD_FIELDS: tuple[tuple[str, type, str], ...] = tuple(
+#: The record columns the replay loop writes (the table row, then what only the replay knows),
+#: with their dtypes and ``array`` type codes; the rest is computed from them after the loop.
+_LOOP_FIELDS: tuple[tuple[str, type, str], ...] = tuple(
     (name, dtype, {np.int64: "q", np.float64: "d", np.bool_: "B"}[dtype])
     for name, dtype in (
         ("row", np.int64), ("deployment", np.int64), ("dispatch_s", np.float64),
-        ("completion_s", np.float64), ("history_tokens", np.float64),
-        ("cached_tokens", np.float64), ("energy_kwh", np.float64), ("carbon_g", np.float64),
-        ("est_energy_kwh", np.float64), ("est_carbon_g", np.float64),
-        ("recompute_energy_kwh", np.float64), ("ttft_s", np.float64), ("quality", np.float64),
-        ("best_effort", np.bool_), ("rejected", np.bool_), ("in_cleanest_region", np.bool_),
-        ("switched", np.bool_), ("switch_opportunity", np.bool_), ("gate_blocked", np.bool_),
+        ("completion_s", np.float64), ("cached_tokens", np.float64), ("ttft_s", np.float64),
+        ("best_effort", np.bool_), ("rejected", np.bool_), ("switched", np.bool_),
+        ("switch_opportunity", np.bool_), ("gate_blocked", np.bool_),
     )
 )
+
+
+def _records(rec: dict[str, np.ndarray], table: pd.DataFrame, deps: Deployments,
+             batch: QueryBatch, signal: CarbonSignal, new: np.ndarray, hist: np.ndarray,
+             out: np.ndarray, qual: np.ndarray) -> pd.DataFrame:
+    """The records table (metrics.RECORD_COLUMNS, dispatch order) from what the loop wrote: the
+    realized energy (Eq. 4, realized output) and carbon with the intensity at dispatch (Eq. 5),
+    the router's estimates Ĉ(a) = CI·E(a) (Eq. 4 with the estimated output, in the batch's
+    regrouped form so that they equal what the policy saw), the recomputation energy, quality
+    and whether the region was the cleanest. Vectorized over queries: the same IEEE operations
+    in the same order as per query, so the values are those a per-query computation gives."""
+    row, dep = rec["row"], rec["deployment"]
+    served = dep >= 0
+    a = np.maximum(dep, 0)
+    m = deps.model[a]
+    n_new, n_hist, n_out = new[row, m], hist[row, m], out[row, m]
+    cached = rec["cached_tokens"]
+    e_in, e_cache, e_out = deps.e_in[a], deps.e_cache[a], deps.e_out[a]
+    energy = np.where(served, cost.energy_kwh(e_in, e_cache, e_out, n_new, n_hist, cached,
+                                              n_out), 0.0)
+    ci_all = signal.at(rec["dispatch_s"])
+    ci = ci_all[np.arange(len(a)), deps.region[a]]
+    de = e_in - e_cache
+    est_energy = np.where(served, de * (n_hist - cached)
+                          + batch.energy_base[row, a % batch.block], 0.0)
+    big = MODELS.index("Llama-3.1-70B")
+    return pd.DataFrame({
+        "session": table["session"].to_numpy(np.int64)[row],
+        "turn": table["turn"].to_numpy(np.int64)[row],
+        "n_turns": table["n_turns"].to_numpy(np.int64)[row],
+        "deployment": dep, "dispatch_s": rec["dispatch_s"], "completion_s": rec["completion_s"],
+        # a rejected query's history is counted in the 70B's tokens
+        "history_tokens": np.where(served, n_hist, hist[row, big]),
+        "cached_tokens": cached, "energy_kwh": energy, "carbon_g": ci * energy,
+        "est_energy_kwh": est_energy, "est_carbon_g": ci * est_energy,
+        "recompute_energy_kwh": np.where(served, de * (n_hist - cached), 0.0),
+        "ttft_s": rec["ttft_s"], "quality": np.where(served, qual[row, m], np.nan),
+        "best_effort": rec["best_effort"], "rejected": rec["rejected"],
+        "in_cleanest_region": served & (ci <= ci_all.min(axis=1)),
+        "switched": rec["switched"], "switch_opportunity": rec["switch_opportunity"],
+        "gate_blocked": rec["gate_blocked"],
+    })
 
 
 def simulate(
@@ -306,7 +345,6 @@ def simulate(
     if not np.isfinite(arrival[first_row]).all():
         r = int(first_row[~np.isfinite(arrival[first_row])][0])
         raise ValueError(f"row {r} (session {int(session[r])}, turn 0): arrival_s is not finite")
-    big = MODELS.index("Llama-3.1-70B")
 
     # The loop reads scalars: Python lists and typed arrays are much faster to index, and
     # Python floats to do arithmetic on, than numpy scalars (the values, and so the results,
@@ -314,44 +352,61 @@ def simulate(
     session_l, turn_l, n_turns_l = session.tolist(), turn.tolist(), n_turns.tolist()
     think_l = think.tolist()
     n_m = new.shape[1]
-    new_l, hist_l, out_l, qual_l = (array.array("d", x.tobytes()) for x in (new, hist, out, qual))
-    e_in, e_cache, e_out = deps.e_in.tolist(), deps.e_cache.tolist(), deps.e_out.tolist()
+    new_l, hist_l, out_l = (array.array("d", x.tobytes()) for x in (new, hist, out))
     v_pre, v_dec = deps.v_pre.tolist(), deps.v_dec.tolist()
-    model_of, region_of, n_dep = deps.model.tolist(), deps.region.tolist(), deps.n
+    model_of, n_dep = deps.model.tolist(), deps.n
     # Everything of Eq. 4–7 that does not depend on dispatch, for all queries at once.
     conversation = prepared.conversation_codes(table)
     batch = QueryBatch(deps, new, hist, est, qual, constraints, conversation=conversation)
     ctx, cand = QueryContext(deps), Candidates(deps.n)
     ctx.backend, ctx.signal = be, signal
 
-    # Records, one typed array per column (_RECORD_FIELDS), in dispatch order: stores convert
-    # to machine values at once, and the arrays become numpy columns without a copy.
+    # What only the replay knows, one typed array per column (_LOOP_FIELDS), in dispatch order:
+    # stores convert to machine values at once, and the arrays become numpy columns without a
+    # copy. Energy, carbon and the other record columns follow from them after the loop.
     cols = {name: array.array(code, bytes(n * np.dtype(dtype).itemsize))
-            for name, dtype, code in _RECORD_FIELDS}
-    (c_row, c_dep, c_disp, c_compl, c_hist, c_cached, c_energy, c_carbon, c_est_e, c_est_c,
-     c_recomp, c_ttft, c_qual, c_be, c_rej, c_clean, c_switch, c_opp, c_block) = cols.values()
+            for name, dtype, code in _LOOP_FIELDS}
+    (c_row, c_dep, c_disp, c_compl, c_cached, c_ttft, c_be, c_rej, c_switch, c_opp,
+     c_block) = cols.values()
     served_on = [-1] * n  # deployment of each served row
     dec_ns = np.full(n, -1, np.int64) if time_decisions else None
     prev_served = {}  # session -> deployment of its previous served turn
     is_ccar = isinstance(policy, CarbonRouter)
-    # Carbon intensity: the grid row in force ([ci_from, ci_until), s) and its values.
-    ci_from, ci_until, ci_l, ci_min = math.inf, -math.inf, [], math.inf
+    # Carbon intensity: the grid row in force ([ci_from, ci_until), s).
+    ci_from, ci_until = math.inf, -math.inf
     heappush, heappop = heapq.heappush, heapq.heappop
+    ttft_s = cost.ttft_s
+    fill_row, choose = ctx.fill_row, policy.choose
+    session_caches, available, free_slots = be.session_caches, be.available, be.free_slots
+    slots_now = free_slots(copy=False)  # the backend's own array, read during each decision
 
     # Event heap: (time, key) with key = row for the completion of a row and n + row for its
     # dispatch, so that at equal times completions and departures come first (§6a.9) and rows
     # break the remaining ties: the order of (time, kind, row) with 2-tuples, faster to compare.
-    arrival_l = arrival.tolist()
-    events = [(arrival_l[i], n + i) for i in first_row.tolist()]
-    heapq.heapify(events)
+    # Sessions' first turns are merged in from a sorted list rather than kept in the heap, so
+    # the heap holds only what is in flight (about the active sessions).
+    first_order = np.lexsort((first_row, arrival[first_row]))
+    arrivals = list(zip(arrival[first_row][first_order].tolist(),
+                        (n + first_row[first_order]).tolist(), strict=True))
+    arrivals.append((math.inf, 2 * n))  # sentinel
+    next_arrival = arrivals[0]
+    n_arrived = 0
+    events: list[tuple[float, int]] = []
     done = 0
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=n, desc=f"replay {policy.name}", unit="query", mininterval=1.0)
-    while events:
-        t, i = heappop(events)
+    while True:
+        if events and events[0] < next_arrival:
+            t, i = heappop(events)
+        elif n_arrived < len(first_order):
+            t, i = next_arrival
+            n_arrived += 1
+            next_arrival = arrivals[n_arrived]
+        else:
+            break
         if i < n:  # completion of row i (or the instant of its rejection)
             s = session_l[i]
             a = served_on[i]
@@ -371,14 +426,11 @@ def simulate(
             t_dec = perf_counter_ns()
         if not ci_from <= t < ci_until:  # the intensity changes once per grid step
             ci_from, ci_until = signal.row_interval(signal.row_index(t))
-            ci_region = signal.at(t)
-            ctx.set_ci(ci_region)
-            ci_l = ci_region.tolist()
-            ci_min = min(ci_l)
+            ctx.set_ci(signal.at(t))
         k = turn_l[i]
         prev = prev_served.get(s, -1)
-        ctx.fill_row(batch, i, session=s, turn=k, prev=prev, cached=be.session_caches(s),
-                     available=be.available(s), free_slots=be.free_slots(), time_s=t)
+        fill_row(batch, i, session=s, turn=k, prev=prev, cached=session_caches(s),
+                 available=available(s), free_slots=slots_now, time_s=t)
         if k == 0:
             policy.on_session_start(ctx)
         feasibility(ctx, constraints, out=cand)
@@ -389,12 +441,11 @@ def simulate(
             if time_decisions:
                 dec_ns[j] = perf_counter_ns() - t_dec
             # (columns start zeroed: only the nonzero values are written)
-            c_dep[j], c_compl[j], c_hist[j] = -1, t, hist_l[i * n_m + big]
-            c_ttft[j] = c_qual[j] = math.nan
+            c_dep[j], c_compl[j], c_ttft[j] = -1, t, math.nan
             c_rej[j] = True
             heappush(events, (t, i))
         else:
-            a = int(policy.choose(ctx, cand))
+            a = int(choose(ctx, cand))
             if time_decisions:
                 dec_ns[j] = perf_counter_ns() - t_dec
             if not (0 <= a < n_dep and cand.mask[a]):
@@ -403,18 +454,10 @@ def simulate(
             im = i * n_m + model_of[a]
             n_new, n_hist, n_out = new_l[im], hist_l[im], out_l[im]
             cached = float(ctx.cached[a])
-            energy = cost.energy_kwh(e_in[a], e_cache[a], e_out[a], n_new, n_hist, cached,
-                                     n_out)
-            ttft = cost.ttft_s(n_new, n_hist, cached, v_pre[a])
+            ttft = ttft_s(n_new, n_hist, cached, v_pre[a])
             done_at = t + ttft + n_out / v_dec[a]
-            ci_a = ci_l[region_of[a]]
-            est_energy = cand.energy_of(a)
-            c_dep[j], c_compl[j], c_hist[j], c_cached[j] = a, done_at, n_hist, cached
-            c_energy[j], c_carbon[j] = energy, ci_a * energy
-            c_est_e[j], c_est_c[j] = est_energy, ci_a * est_energy  # Ĉ(a) = CI·E(a)
-            c_recomp[j] = (e_in[a] - e_cache[a]) * (n_hist - cached)
-            c_ttft[j], c_qual[j] = ttft, qual_l[im]
-            c_be[j], c_clean[j] = cand.best_effort, ci_a <= ci_min
+            c_dep[j], c_compl[j], c_cached[j], c_ttft[j] = a, done_at, cached, ttft
+            c_be[j] = cand.best_effort
             c_switch[j] = prev >= 0 and a != prev
             if is_ccar and policy.last_opportunity:
                 c_opp[j] = True
@@ -430,13 +473,12 @@ def simulate(
     if done != n:
         raise RuntimeError(f"replay dispatched {done} of {n} queries")
 
-    rec = {name: np.frombuffer(cols[name], dtype=dtype) for name, dtype, _ in _RECORD_FIELDS}
-    order = rec.pop("row")
-    session, turn, n_turns = session[order], turn[order], n_turns[order]
-    labels = deps.frame()
+    rec = {name: np.frombuffer(cols[name], dtype=dtype) for name, dtype, _ in _LOOP_FIELDS}
+    records = _records(rec, table, deps, batch, signal, new, hist, out, qual)
+    order = rec["row"]
     dep = rec["deployment"]
     served = dep >= 0
-    records = pd.DataFrame({"session": session, "turn": turn, "n_turns": n_turns, **rec})
+    labels = deps.frame()
     for col in ("model", "gpu", "region"):
         names = labels[col].to_numpy()
         records[col] = np.where(served, names[np.maximum(dep, 0)], "")

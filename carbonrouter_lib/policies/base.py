@@ -78,6 +78,7 @@ class ConstraintConfig:
 # Module-level names: cheaper lookups on the per-query path.
 _INF = math.inf
 _copyto = np.copyto
+_count_nonzero = np.count_nonzero
 
 #: Queries per block when a :class:`QueryBatch` is computed (bounds the temporaries' memory).
 _BLOCK = 4096
@@ -154,17 +155,23 @@ class QueryBatch:
     tokens : ndarray, float64 (N, 3, n_models)
         Rows new, history, estimated output tokens per model.
     quality : ndarray, float64 (N, n_models)
-    energy_base : ndarray, float64 (N, n)
+    block : int
+        Deployments per region, B = n / n_regions. The per-deployment terms below do not depend
+        on the region (every region holds the same (GPU, model) profiles in the same order), so
+        they are stored for the first region's B deployments only; deployment a's value is at
+        column ``a % B``.
+    energy_base : ndarray, float64 (N, B)
         E_base(a) = e_in·N_new + e_cache·N_hist + e_out·N_out_est (cost.energy_base_kwh), kWh.
-    energy_uncached : ndarray, float64 (N, n)
+    energy_uncached : ndarray, float64 (N, B)
         E(a) with nothing cached, E_base + (e_in − e_cache)·N_hist (Eq. 4 regrouped: equal to
         cost.energy_kwh up to rounding; deployments with the same profile get bit-identical
         values, so exact ties stay exact), kWh.
     ok, fast : ndarray of bool (N, n), or None without ``config``
-        See :func:`_checks`: quality ∧ context window, and that ∧ TTFT(L = 0) ≤ D_TTFT.
+        See :func:`_checks`: quality ∧ context window, and that ∧ TTFT(L = 0) ≤ D_TTFT; over
+        every deployment (one byte each: the per-query mask is then one flat operation).
 
-    Every array is read-only. Memory: 2 float64 and 2 bool arrays of N × n (the whole ShareGPT
-    workload over 60 deployments: about 66 MB).
+    Every array is read-only. Memory: 2 float64 arrays of N × B and 2 bool arrays of N × n
+    (2M queries, 4 regions × 15 (GPU, model) pairs: about 720 MB).
     """
 
     def __init__(
@@ -190,7 +197,7 @@ class QueryBatch:
             for j, name in enumerate(("n_new", "n_hist", "n_out_est")):
                 _check_rows(name, tokens[:, j], ~np.isfinite(tokens[:, j]) | (tokens[:, j] < 0))
             _check_rows("quality", q, ~((q >= 0) & (q <= 1)))
-        n_q, n_r = tokens.shape[0], len(d.regions)
+        n_q = tokens.shape[0]
         self.conversation: list[int] | None = None
         if conversation is not None:
             conv = np.asarray(conversation)
@@ -204,13 +211,11 @@ class QueryBatch:
         self._n_models = n_m
         self._new_hist = array.array("d", tokens[:, :2].tobytes())
         self._d0 = d0 = _first_region(d)
-        # (query, region, deployment of the region) views of the (N, n) arrays: the terms are
-        # computed for the first region's deployments and broadcast to every region.
-        self.energy_base = np.empty((n_q, d.n))
-        self.energy_uncached = np.empty((n_q, d.n))
-        eb_all = self.energy_base.reshape(n_q, n_r, -1)
-        e0_all = self.energy_uncached.reshape(n_q, n_r, -1)
+        self.block = d0.n
+        self.energy_base = np.empty((n_q, d0.n))
+        self.energy_uncached = np.empty((n_q, d0.n))
         self.ok = self.fast = None
+        n_r = len(d.regions)
         if config is not None:
             self.ok = np.empty((n_q, d.n), dtype=bool)
             self.fast = np.empty((n_q, d.n), dtype=bool)
@@ -222,8 +227,8 @@ class QueryBatch:
             new, hist, out = (_gather(d0, tokens[rows, j]) for j in range(3))
             # (e_in·N_new + e_cache·N_hist) + e_out·N_out_est, in this order (cost.py's Eq. 4).
             eb = d0.e_in * new + d0.e_cache * hist + d0.e_out * out
-            eb_all[rows] = eb[:, None]
-            e0_all[rows] = (de * hist + eb)[:, None]
+            self.energy_base[rows] = eb
+            self.energy_uncached[rows] = de * hist + eb
             if config is not None:
                 ok, fast = _checks(d0, q[rows], new, hist, out, config)
                 ok_all[rows], fast_all[rows] = ok[:, None], fast[:, None]
@@ -307,7 +312,7 @@ class QueryContext:
         "deployments", "n", "session", "turn", "prev", "time_s", "batch", "row",
         "cached", "ci", "ci_region", "available", "free_slots", "backend", "signal",
         "_hits", "_model", "_v_pre", "_de", "_ci_region_b", "_ci_b", "_own_available",
-        "_own_free",
+        "_own_free", "_n_regions", "_block",
     )
 
     def __init__(self, deployments: Deployments) -> None:
@@ -329,6 +334,7 @@ class QueryContext:
         self.ci = np.zeros(d.n)
         self._ci_region_b = self.ci_region[:, None]
         self._ci_b = self.ci.reshape(n_r, -1)
+        self._n_regions, self._block = n_r, d.n // n_r
         self._own_available = np.zeros(d.n, dtype=bool)
         self._own_free = np.zeros(d.n_pools, dtype=np.int64)
         self.available = self._own_available
@@ -551,29 +557,39 @@ class Candidates:
     best_effort, rejected : bool
         No ``ok`` deployment met the TTFT bound / no deployment is ``ok``.
 
-    The arrays are read-only to policies (some are views of the batch).
+    The arrays are read-only to policies.
     """
 
     __slots__ = ("n", "mask", "best_effort", "rejected", "_ctx", "_ok_row", "_buf",
-                 "_ok", "_energy", "_carbon", "_carbon_base", "_miss", "_ttft",
-                 "_o", "_e", "_eb", "_c", "_cb", "_m", "_t", "_he")
+                 "_ok", "_energy", "_energy_base", "_carbon", "_carbon_base", "_miss", "_ttft",
+                 "_o", "_e", "_eb", "_c", "_cb", "_m", "_t", "_he", "_nr", "_views")
 
     def __init__(self, n: int) -> None:
         self.n = n
         # Buffers; the cost arrays of the current query are in _e, _eb, ... (None: not yet).
-        (self._energy, self._carbon, self._carbon_base, self._miss, self._ttft,
-         self._buf) = np.zeros((6, n))
+        (self._energy, self._energy_base, self._carbon, self._carbon_base, self._miss,
+         self._ttft, self._buf) = np.zeros((7, n))
         self._ok = np.zeros(n, dtype=bool)
         self.mask = np.zeros(n, dtype=bool)
         self.best_effort = False
         self.rejected = False
         self._ctx: QueryContext | None = None
         self._ok_row: np.ndarray | None = None
+        self._nr = 0
+        self._views: tuple[np.ndarray, ...] = ()
         self._o = self._e = self._eb = self._c = self._cb = self._m = self._t = self._he = None
 
     def _bind(self, ctx: QueryContext, ok_row: np.ndarray) -> None:
         self._ctx, self._ok_row = ctx, ok_row
         self._o = self._e = self._eb = self._c = self._cb = self._m = self._t = self._he = None
+        n_r = ctx._n_regions
+        if n_r != self._nr:
+            # (region, deployment of the region) views: per-region terms broadcast against the
+            # batch's (B,) rows in one call.
+            self._nr = n_r
+            self._views = tuple(x.reshape(n_r, -1) for x in (
+                self.mask, self._ok, self._energy, self._energy_base, self._carbon,
+                self._carbon_base))
 
     @property
     def ok(self) -> np.ndarray:
@@ -585,7 +601,8 @@ class Candidates:
     def energy_base(self) -> np.ndarray:
         if self._eb is None:
             ctx = self._ctx
-            self._eb = ctx.batch.energy_base[ctx.row]
+            np.copyto(self._views[3], ctx.batch.energy_base[ctx.row])
+            self._eb = self._energy_base
         return self._eb
 
     def _hit_energy(self) -> list[tuple[int, float]]:
@@ -594,18 +611,17 @@ class Candidates:
         the batch computes it with L = 0."""
         if self._he is None:
             ctx = self._ctx
-            eb, de = ctx.batch.energy_base[ctx.row], ctx._de
-            self._he = [(a, de[a] * miss + float(eb[a])) for a, _, miss, _ in ctx._hits]
+            eb, de, block = ctx.batch.energy_base[ctx.row], ctx._de, ctx._block
+            self._he = [(a, de[a] * miss + float(eb[a % block])) for a, _, miss, _ in ctx._hits]
         return self._he
 
     @property
     def energy(self) -> np.ndarray:
         if self._e is None:
             ctx = self._ctx
-            e = ctx.batch.energy_uncached[ctx.row]
+            e = self._energy
+            np.copyto(self._views[2], ctx.batch.energy_uncached[ctx.row])
             if ctx._hits:
-                np.copyto(self._energy, e)
-                e = self._energy
                 for a, e_a in self._hit_energy():
                     e[a] = e_a
             self._e = e
@@ -620,26 +636,30 @@ class Candidates:
             for b, e_b in self._hit_energy():
                 if b == a:
                     return e_b
-        return float(ctx.batch.energy_uncached[ctx.row, a])
+        return float(ctx.batch.energy_uncached[ctx.row, a % ctx._block])
 
     @property
     def carbon(self) -> np.ndarray:
         if self._c is None:
             ctx = self._ctx
-            if self._e is not None or not ctx._hits:
-                self._c = np.multiply(ctx.ci, self.energy, out=self._carbon)
+            if self._e is not None:
+                self._c = np.multiply(ctx.ci, self._e, out=self._carbon)
             else:  # CI·E from the nothing-cached energy, patched where it differs
-                c = np.multiply(ctx.ci, ctx.batch.energy_uncached[ctx.row], out=self._carbon)
-                ci = ctx.ci
-                for a, e_a in self._hit_energy():
-                    c[a] = ci[a] * e_a
+                c = self._carbon
+                np.multiply(ctx._ci_b, ctx.batch.energy_uncached[ctx.row], out=self._views[4])
+                if ctx._hits:
+                    ci = ctx.ci
+                    for a, e_a in self._hit_energy():
+                        c[a] = ci[a] * e_a
                 self._c = c
         return self._c
 
     @property
     def carbon_base(self) -> np.ndarray:
         if self._cb is None:
-            self._cb = np.multiply(self._ctx.ci, self.energy_base, out=self._carbon_base)
+            ctx = self._ctx
+            np.multiply(ctx._ci_b, ctx.batch.energy_base[ctx.row], out=self._views[5])
+            self._cb = self._carbon_base
         return self._cb
 
     @property
@@ -711,6 +731,7 @@ def feasibility(
         ok_row, fast_row = batch.ok[row], batch.fast[row]
     else:
         ok_row, fast_row = batch.checks(row, cfg)
+    c._bind(ctx, ok_row)
     avail, mask = ctx.available, c.mask
     np.logical_and(fast_row, avail, out=mask)
     if ctx._hits:
@@ -720,12 +741,11 @@ def feasibility(
         for a, _, miss, new in ctx._hits:
             if ok_row[a] and avail[a]:
                 mask[a] = (new + miss) / v_pre[a] <= d_max
-    c._bind(ctx, ok_row)
     c.rejected = False
     c.best_effort = False
-    if not np.count_nonzero(mask):
+    if not _count_nonzero(mask):
         ok = c.ok
-        if not np.count_nonzero(ok):
+        if not _count_nonzero(ok):
             c.rejected = True
         else:
             # Best-effort (§6a.2): the ok deployments with the shortest estimated TTFT.
