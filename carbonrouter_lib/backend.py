@@ -542,6 +542,62 @@ class Backend:
         new._c = dict(self._c)
         return new
 
+    def session_after_turn(
+        self, session: int, a: int, now: float, context_tokens: int, done: float, later: float
+    ) -> tuple[dict[int, int], np.ndarray, np.ndarray]:
+        """What ``session`` would see at ``later`` (s) if its turn were dispatched on ``a`` at
+        ``now`` (the current time) with ``context_tokens`` post-turn tokens, completed at
+        ``done`` and no other session acted meanwhile: ``({deployment: cached tokens},
+        available (n,), free slots (n_pools,))`` — what :meth:`session_caches`,
+        :meth:`available` and :meth:`free_slots` would return after :meth:`dispatch`,
+        :meth:`complete` and :meth:`advance` on a :meth:`copy`, without copying: the state is
+        read, never written (O(the session's caches + the victims its dispatch evicts)).
+
+        The dispatch may evict the session's own idle caches of ``a``'s KV pool (the same
+        eviction order as :meth:`dispatch`) or store only a prefix (KV overflow); its caches
+        whose last use plus the TTL is before ``later`` expire. Raises like :meth:`dispatch`
+        when ``a`` is unavailable, and ``ValueError`` unless now ≤ done ≤ later.
+        """
+        s, a, ctx = operator.index(session), operator.index(a), operator.index(context_tokens)
+        if now != self._now or not now <= done <= later:
+            raise ValueError(f"session_after_turn: need now = the backend's time ({self._now}) "
+                             f"≤ done ≤ later, got {now}, {done}, {later}")
+        if s in self._departed or s in self._running:
+            raise ValueError(f"session {s} has departed or has a turn running")
+        p, kp = self._pool_of[a], self._kvp_of[a]
+        free = self._free.copy()
+        held = self._holder.get(s)
+        if held != p:
+            if free[p] <= 0:
+                raise ValueError(f"deployment {a} (pool {p}) is not available to session {s}: "
+                                 f"no free slot")
+            if held is not None:
+                free[held] += 1
+            free[p] -= 1
+        caches = {b: [rec.tokens, rec.f_last] for b, rec in self._caches.get(s, {}).items()}
+        old = caches[a][0] if a in caches else 0
+        delta = ctx - old
+        if delta > 0:
+            missing = delta - (self._kv_cap[kp] - self._used[kp])
+            if missing > 0:
+                freed = 0
+                for s2, b, tokens in self._victims(kp, exclude=(s, a)):
+                    take = min(tokens, missing - freed)
+                    freed += take
+                    if s2 == s:
+                        caches[b][0] -= take
+                    if freed >= missing:
+                        break
+                if freed < missing:
+                    delta -= missing - freed
+        caches[a] = [old + delta, done]
+        ttl = self._ttl
+        out = {b: tokens for b, (tokens, f_last) in caches.items()
+               if tokens > 0 and not f_last + ttl < later}
+        ok = (free > 0)[self._pool_arr]
+        ok[self._deps_of_pool[p]] = True
+        return out, ok, free
+
     # -----------------------------------------------------------------------------------------
     # internals
 
@@ -563,6 +619,21 @@ class Backend:
         del caches[a]
         if not caches:
             del self._caches[s]
+
+    def _victims(self, p: int, exclude: tuple[int, int]):
+        """The idle caches of KV pool ``p`` in eviction order, as (session, deployment, tokens),
+        without changing anything (:meth:`_evict`'s order: departed sessions' caches by
+        (f_last, session, deployment), then the live queue); ``exclude`` (the pinned cache of
+        the dispatch being predicted) is skipped."""
+        all_caches, departed = self._caches, self._departed
+        for group, live in ((sorted(self._lru_departed[p]), False), (self._lru_live[p], True)):
+            for _, s, a, ver in group:
+                caches = all_caches.get(s)
+                rec = None if caches is None else caches.get(a)
+                if (rec is None or rec.version != ver or rec.pinned or (live and s in departed)
+                        or (s, a) == exclude):
+                    continue
+                yield s, a, rec.tokens
 
     def _evict(self, p: int, missing: int) -> int:
         """Free up to ``missing`` tokens from idle caches of KV pool ``p``; return tokens

@@ -184,8 +184,9 @@ class TwoBranchLabeler:
 
     def branch_carbon(self, ctx: QueryContext, a: int) -> float:
         """Realized carbon, gCO2e, of serving the current query on ``a`` plus the session's next
-        turn routed by the proposal rule on the resulting (copied) backend; the other sessions
-        are frozen at the dispatch time."""
+        turn routed by the proposal rule on what the session would see then
+        (:meth:`Backend.session_after_turn`); the other sessions are frozen at the dispatch
+        time."""
         d = self._deps
         i, s, t = ctx.row, ctx.session, ctx.time_s
         m = int(d.model[a])
@@ -198,18 +199,16 @@ class TwoBranchLabeler:
         if ctx.backend is None or ctx.signal is None:
             raise ValueError("TwoBranchLabeler needs ctx.backend and ctx.signal (run it inside "
                              "simulate())")
-        be = ctx.backend.copy()
         done = t + cost.service_time_s(n_new, n_hist, cached, n_out, float(d.v_pre[a]),
                                        float(d.v_dec[a]))
-        be.dispatch(s, a, t, int(n_hist + n_new + n_out))
-        be.complete(s, a, done)
         t2 = done + self._think[i + 1]
-        be.advance(t2)
+        # The session's view at its next turn, other sessions frozen (no backend copy).
+        caches, available, free = ctx.backend.session_after_turn(
+            s, a, t, int(n_hist + n_new + n_out), done, t2)
         ctx2, cand2 = self._ctx2, self._cand2
         ctx2.set_ci(ctx.signal.at(t2))
-        ctx2.fill_row(ctx.batch, i + 1, session=s, turn=ctx.turn + 1, prev=a,
-                      cached=be.session_caches(s), available=be.available(s),
-                      free_slots=be.free_slots(), time_s=t2)
+        ctx2.fill_row(ctx.batch, i + 1, session=s, turn=ctx.turn + 1, prev=a, cached=caches,
+                      available=available, free_slots=free, time_s=t2)
         feasibility(ctx2, self._constraints, out=cand2)
         if cand2.rejected:  # no next-turn carbon in this branch
             return float(now)

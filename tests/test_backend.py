@@ -500,3 +500,30 @@ def test_long_random_workload_matches_reference():
     b = run_ops(ops, 25, 300)  # plenty of slots: old sessions never depart here
     c = b.counters()
     assert c["evicted_tokens"] > 0 and c["expired_caches"] > 0 and c["dispatches"] > 300
+
+
+@settings(max_examples=120, deadline=None)
+@given(ops=st.lists(op_strategy, min_size=30, max_size=90), slots=st.integers(1, 3),
+       cap=st.integers(40, 300), per_deployment=st.booleans(),
+       probe=st.tuples(st.integers(0, N_SESSIONS - 1), st.integers(0, 11),
+                       st.integers(0, 120), st.sampled_from([0.0, 0.5, 3.0]),
+                       st.sampled_from([0.0, 2.0, 9.9, 10.0, 10.5, 40.0])))
+def test_session_after_turn_equals_playing_the_turn_on_a_copy(ops, slots, cap, per_deployment,
+                                                                probe):
+    b = run_ops(ops, slots, cap, check=False, per_deployment=per_deployment)
+    s, a, ctx, service, think = probe
+    if b.has_departed(s) or b.running(s) >= 0 or not b.available(s)[a]:
+        with pytest.raises(ValueError):
+            b.session_after_turn(s, a, b.now, ctx, b.now + service, b.now + service + think)
+        return
+    now, done, later = b.now, b.now + service, b.now + service + think
+    before = (b.counters(), b.pool_used_tokens().tolist(), b.n_caches)
+    caches, available, free = b.session_after_turn(s, a, now, ctx, done, later)
+    assert (b.counters(), b.pool_used_tokens().tolist(), b.n_caches) == before  # read only
+    c = b.copy()
+    c.dispatch(s, a, now, ctx)
+    c.complete(s, a, done)
+    c.advance(later)
+    assert caches == c.session_caches(s)
+    np.testing.assert_array_equal(available, c.available(s))
+    np.testing.assert_array_equal(free, c.free_slots())
