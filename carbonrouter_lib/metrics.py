@@ -56,6 +56,9 @@ __all__ = [
     "sessions_longer_than",
     "by_session_length",
     "paired_by_session_length",
+    "RunSummary",
+    "conversation_sums",
+    "paired_saving_ci_sums",
 ]
 
 #: Columns of a records table and their kind ("int", "float", "str", "bool").
@@ -1018,3 +1021,75 @@ def paired_by_session_length(
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "group"
     return table
+
+
+# ---------------------------------------------------------------------------------------------
+# Compact runs: what a service-scale replay keeps instead of its millions of records
+# ---------------------------------------------------------------------------------------------
+
+#: Additive quantities kept per conversation by :func:`conversation_sums`.
+_SUM_COLUMNS: tuple[str, ...] = ("carbon_g", "energy_kwh")
+
+
+def conversation_sums(records: pd.DataFrame) -> pd.DataFrame:
+    """Per conversation (records' ``conversation``; the session without it): Σ carbon_g (gCO2e),
+    Σ energy_kwh (kWh), queries and sessions — what the paired bootstrap of a saving resamples.
+    Index ``conversation`` (sorted)."""
+    validate_records(records)
+    unit = records["conversation" if "conversation" in records.columns else "session"]
+    grouped = records.groupby(unit.to_numpy(), sort=True)
+    out = grouped[list(_SUM_COLUMNS)].sum()
+    out["n_queries"] = grouped.size()
+    out["n_sessions"] = grouped["session"].nunique()
+    out.index.name = "conversation"
+    return out
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A replay reduced to its metrics (:func:`summarize`) and its per-conversation sums
+    (:func:`conversation_sums`): enough for Table 1's normalized quantities and the paired
+    savings with their CIs (:func:`paired_saving_ci_sums`), at a few hundred kB whatever the
+    number of queries. :func:`carbonrouter_lib.sweep.run_one` returns one for a spec with
+    ``output="summary"``."""
+
+    summary: pd.Series
+    by_conversation: pd.DataFrame
+
+    @classmethod
+    def from_records(cls, records: pd.DataFrame) -> RunSummary:
+        """The summary of a records table."""
+        return cls(summarize(records), conversation_sums(records))
+
+
+def paired_saving_ci_sums(
+    sums_a: pd.DataFrame,
+    sums_b: pd.DataFrame,
+    metric: str = "carbon_g",
+    n_boot: int = 2000,
+    seed: int | np.random.Generator = 0,
+    ci: float = 0.95,
+) -> BootstrapCI:
+    """:func:`paired_saving_ci` from per-conversation sums (:func:`conversation_sums` of two
+    runs of the same trace): the same estimate and the same draws (conversations resampled
+    with replacement, the same draws for A and B), without the records."""
+    _check_ci(ci, n_boot)
+    if not sums_a.index.equals(sums_b.index) or not np.array_equal(
+        sums_a["n_queries"].to_numpy(), sums_b["n_queries"].to_numpy()
+    ):
+        raise ValueError("paired_saving_ci_sums: the runs do not hold the same conversations "
+                         "with the same queries; a paired comparison needs runs of one trace")
+    a = sums_a[metric].to_numpy(np.float64)
+    b = sums_b[metric].to_numpy(np.float64)
+    n = len(a)
+    if b.sum() == 0:
+        raise ValueError(f"sum of {metric!r} is 0 for B: the saving is undefined")
+    draws = np.empty(n_boot)
+    start = 0
+    for counts in bootstrap_counts(n, n_boot, seed, max(1, (1 << 22) // max(n, 1))):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            draws[start : start + len(counts)] = (counts @ a) / (counts @ b)
+        start += len(counts)
+    est = float(a.sum() / b.sum())
+    return _percentile_ci(100.0 * (1.0 - est), 100.0 * (1.0 - draws), ci,
+                          int(sums_a["n_sessions"].sum()), n)

@@ -8,7 +8,9 @@ the machine by default, or any running scheduler given by address (argument or t
 variable :data:`SCHEDULER_ENV`), so a notebook runs unchanged on a real cluster — and caches every
 result on disk under the spec's :meth:`RunSpec.key`:
 
-- ``<cache_dir>/<key>.parquet`` (the records) and ``<cache_dir>/<key>.json`` (the spec). Both are
+- ``<cache_dir>/<key>.parquet`` (the records, or for a spec with ``output="summary"`` the
+  per-conversation sums of :class:`~.metrics.RunSummary`) and ``<cache_dir>/<key>.json`` (the
+  spec, and a summary's metrics). Both are
   written atomically, the parquet first; the JSON sidecar is the commit marker, so a run counts
   as complete only when both exist (a parquet without its sidecar, or a stray temporary file, is a
   partial result and is recomputed).
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from carbonrouter_lib import metrics, workload
@@ -45,7 +48,7 @@ from carbonrouter_lib.gate import GATE_CODE_VERSION, ensure_gate
 from carbonrouter_lib.outputs import atomic_path
 from carbonrouter_lib.policies import POLICIES, CarbonRouter, make_policy
 from carbonrouter_lib.prepared import CODE_VERSION as PREPARED_CODE_VERSION
-from carbonrouter_lib.prepared import WorkloadConfig, prepare_workload
+from carbonrouter_lib.prepared import WorkloadConfig, dataset_columns, prepare_workload
 from carbonrouter_lib.simulator import SimulationConfig, backend_config, simulate
 
 __all__ = [
@@ -66,6 +69,8 @@ __all__ = [
 #: cost model, metrics columns), so that cached sweep results are not reused. The prepared
 #: workload's own code version is part of every key as well.
 CODE_VERSION = "3"
+#: What a run returns and caches: its records, or a :class:`~.metrics.RunSummary`.
+OUTPUTS: tuple[str, ...] = ("records", "summary")
 #: Environment variable holding the address of a running Dask scheduler (e.g.
 #: ``tcp://10.0.0.5:8786``); used when ``run_sweep`` gets no client or address.
 SCHEDULER_ENV = "CARBONROUTER_DASK_SCHEDULER"
@@ -137,6 +142,10 @@ class RunSpec:
     seed
         Seed of the run: the workload's seed (session sampling, start times, think times).
         Policies are deterministic given the workload.
+    output
+        ``"records"`` (default): the per-query records. ``"summary"``: a
+        :class:`~.metrics.RunSummary` (the metrics and the per-conversation sums the paired
+        bootstrap needs) — for service-scale replays, whose records run to millions of rows.
     """
 
     workload: Mapping[str, Any]
@@ -144,6 +153,7 @@ class RunSpec:
     policy: str
     policy_params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     seed: int = 0
+    output: str = "records"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -152,6 +162,8 @@ class RunSpec:
             raise TypeError(f"RunSpec.seed must be an int, got {self.seed!r}")
         if "seed" in self.workload:
             raise ValueError("RunSpec.workload must not contain 'seed': use RunSpec.seed")
+        if self.output not in OUTPUTS:
+            raise ValueError(f"RunSpec.output must be one of {OUTPUTS}, got {self.output!r}")
         wl = _workload_config(self.workload, self.seed).to_dict()
         del wl["seed"]
         wl["arrival"] = _floats_as_declared(workload.ArrivalConfig, wl["arrival"])
@@ -170,16 +182,21 @@ class RunSpec:
         simulation_config: SimulationConfig,
         policy: str,
         policy_params: Mapping[str, Any] | None = None,
+        output: str = "records",
     ) -> RunSpec:
         """The spec of ``policy`` on these configs (the seed is ``workload_config.seed``)."""
         wl = workload_config.to_dict()
         seed = wl.pop("seed")
-        return cls(wl, simulation_config.to_dict(), policy, dict(policy_params or {}), seed)
+        return cls(wl, simulation_config.to_dict(), policy, dict(policy_params or {}), seed,
+                   output)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form (what the sidecar file holds, less the key and code version)."""
-        return {"workload": self.workload, "simulation": self.simulation,
-                "policy": self.policy, "policy_params": self.policy_params, "seed": self.seed}
+        d = {"workload": self.workload, "simulation": self.simulation,
+             "policy": self.policy, "policy_params": self.policy_params, "seed": self.seed}
+        if self.output != "records":
+            d["output"] = self.output
+        return d
 
     def key(self) -> str:
         """SHA-256 (hex, 64 characters) of the canonical JSON of the spec and the code versions."""
@@ -215,15 +232,18 @@ def _signal(year: int, regions: tuple[str, ...]) -> CarbonSignal:
     return CarbonSignal.from_config(CarbonConfig(year=year, regions=regions))
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=2)
 def _table(workload_key: str, config: WorkloadConfig) -> pd.DataFrame:
     # Keyed by the config's hash; the config itself is hashable (frozen) and carried along.
+    # Two at most: a service-scale table is gigabytes.
     return prepare_workload(config)
 
 
-def run_one(spec: RunSpec, gate_dir: str | os.PathLike | None = None) -> pd.DataFrame:
+def run_one(spec: RunSpec, gate_dir: str | os.PathLike | None = None
+            ) -> pd.DataFrame | metrics.RunSummary:
     """Replay ``spec`` and return its per-query records (:data:`.metrics.RECORD_COLUMNS` plus
-    ``policy``), in dispatch order. Reads (or, if missing, builds) the prepared workload and the
+    ``policy``), in dispatch order, or their :class:`~.metrics.RunSummary` for
+    ``spec.output == "summary"``. Reads (or, if missing, builds) the prepared workload and the
     carbon signal from their parquet caches, and a learned gate from ``gate_dir`` (default
     :func:`carbonrouter_lib.gate.gate_path`'s, ``derived_dir()/gates``), training and storing it
     there first if it is missing."""
@@ -239,6 +259,8 @@ def run_one(spec: RunSpec, gate_dir: str | os.PathLike | None = None) -> pd.Data
     res = simulate(table, policy, sim, signal=signal, backend=backend_config(table, sim))
     records = res.records.reset_index(drop=True)
     records.attrs = {}
+    if spec.output == "summary":
+        return metrics.RunSummary.from_records(records)
     return records
 
 
@@ -263,24 +285,34 @@ def is_complete(spec: RunSpec, cache_dir: str | os.PathLike | None = None) -> bo
     return records.is_file() and sidecar.is_file()
 
 
-def _write_result(cache_dir: Path, spec: RunSpec, records: pd.DataFrame) -> None:
+def _write_result(cache_dir: Path, spec: RunSpec,
+                  result: pd.DataFrame | metrics.RunSummary) -> None:
     key = spec.key()
     records_path, sidecar = _paths(cache_dir, key)
-    with atomic_path(records_path) as tmp:
-        records.to_parquet(tmp, index=False)
     meta = {"key": key, "code": CODE_VERSION, "prepared_code": PREPARED_CODE_VERSION,
-            "spec": spec.to_dict(), "n_records": len(records)}
+            "spec": spec.to_dict()}
+    if isinstance(result, metrics.RunSummary):
+        table = result.by_conversation.reset_index()
+        meta["summary"] = {k: float(v) for k, v in result.summary.items()}
+    else:
+        table = result
+    meta["n_records"] = len(table)
+    with atomic_path(records_path) as tmp:
+        table.to_parquet(tmp, index=False)
     with atomic_path(sidecar) as tmp:
         tmp.write_text(json.dumps(meta, indent=1, allow_nan=True))
 
 
-def _read_result(cache_dir: Path, spec: RunSpec) -> pd.DataFrame:
+def _read_result(cache_dir: Path, spec: RunSpec) -> pd.DataFrame | metrics.RunSummary:
     records_path, sidecar = _paths(cache_dir, spec.key())
     meta = json.loads(sidecar.read_text())
     records = pd.read_parquet(records_path)
     if meta.get("n_records") != len(records):
         raise ValueError(f"{records_path}: {len(records)} records but its sidecar {sidecar} says "
                          f"{meta.get('n_records')}; delete both to recompute")
+    if spec.output == "summary":
+        return metrics.RunSummary(pd.Series(meta["summary"], dtype=np.float64),
+                                  records.set_index("conversation"))
     return records
 
 
@@ -290,7 +322,8 @@ def _read_result(cache_dir: Path, spec: RunSpec) -> pd.DataFrame:
 
 
 class SweepResults(dict):
-    """``{spec key: records}`` of a sweep, with how it went.
+    """``{spec key: records}`` of a sweep (a :class:`~.metrics.RunSummary` for a spec with
+    ``output="summary"``), with how it went.
 
     Attributes
     ----------
@@ -316,7 +349,10 @@ def _prepare_inputs(specs: Iterable[RunSpec]) -> None:
         wl, sim = spec.workload_config(), spec.simulation_config()
         tag = f"{wl.key()}|{sim.carbon_year}|{sim.regions}"
         if tag not in done:
-            prepare_workload(wl)
+            if wl.sessions_per_s is None:
+                prepare_workload(wl)
+            else:  # not cached on disk: workers rebuild it from the cached dataset columns
+                dataset_columns(wl)
             CarbonSignal.from_config(CarbonConfig(year=sim.carbon_year, regions=sim.regions))
             done.add(tag)
 
@@ -408,7 +444,7 @@ def run_sweep(
                    mininterval=2.0)
     failures: list[tuple[RunSpec, BaseException]] = []
 
-    def finish(spec: RunSpec, records: pd.DataFrame) -> None:
+    def finish(spec: RunSpec, records: pd.DataFrame | metrics.RunSummary) -> None:
         _write_result(cache, spec, records)
         results[spec.key()] = _read_result(cache, spec)  # what a resumed sweep would return
         results.n_computed += 1
@@ -445,7 +481,7 @@ def run_sweep(
 
 def run_named(
     specs: Mapping[Hashable, RunSpec], **kwargs: Any
-) -> dict[Hashable, pd.DataFrame]:
+) -> dict[Hashable, pd.DataFrame | metrics.RunSummary]:
     """:func:`run_sweep` over named runs: ``{name: spec}`` → ``{name: records}`` (names are any
     hashable labels, e.g. ``(dataset, region set, policy)``; equal specs under two names run
     once). Keyword arguments go to :func:`run_sweep` (where it runs, cache, progress); call
@@ -459,7 +495,7 @@ def _run_distributed(
     client: Any,
     n_workers: int | None,
     connect_timeout: str,
-    finish: Callable[[RunSpec, pd.DataFrame], None],
+    finish: Callable[[RunSpec, Any], None],
     failures: list[tuple[RunSpec, BaseException]],
     gate_dir: str | None,
 ) -> None:
@@ -510,6 +546,7 @@ def grid_specs(
     policies: Sequence[str],
     seeds: Sequence[int] | None = None,
     policy_params: Mapping[str, Mapping[str, Any]] | None = None,
+    output: str = "records",
 ) -> pd.DataFrame:
     """The runs of a full-factorial grid over :class:`~.simulator.SimulationConfig` fields.
 
@@ -525,6 +562,8 @@ def grid_specs(
         Workload seeds (default: ``[workload_config.seed]``).
     policy_params
         ``{policy: parameters}`` for policies that take any.
+    output
+        What each run returns (:data:`OUTPUTS`).
 
     Returns
     -------
@@ -544,14 +583,14 @@ def grid_specs(
         for seed in seeds:
             wl = dataclasses.replace(workload_config, seed=seed)
             for policy in policies:
-                spec = RunSpec.make(wl, sim, policy, params.get(policy))
+                spec = RunSpec.make(wl, sim, policy, params.get(policy), output)
                 rows.append({**dict(zip(names, values, strict=True)), "seed": seed,
                              "policy": policy, "key": spec.key(), "spec": spec})
     return pd.DataFrame(rows)
 
 
 def cell_savings(
-    results: Mapping[str, pd.DataFrame],
+    results: Mapping[str, pd.DataFrame | metrics.RunSummary],
     grid: pd.DataFrame,
     target: str = "carbonrouter",
     baseline: str = "faircarbon",
@@ -562,7 +601,8 @@ def cell_savings(
     """Saving of ``target`` over ``baseline`` (%) in every cell (and seed) of a grid, with the
     paired session-level bootstrap 95% CI of :func:`.metrics.paired_saving_ci`.
 
-    ``grid`` is a :func:`grid_specs` table; ``results`` holds the records of its keys. Returns
+    ``grid`` is a :func:`grid_specs` table; ``results`` holds the records (or the
+    :class:`~.metrics.RunSummary`, with :func:`.metrics.paired_saving_ci_sums`) of its keys. Returns
     one row per cell and seed: the axis values, ``seed``, ``saving_pct``, ``ci_low_pct``,
     ``ci_high_pct``, ``n_sessions`` and the total ``metric`` of both policies.
     """
@@ -581,7 +621,12 @@ def cell_savings(
     for cell, runs in grid.groupby(axes + ["seed"], sort=False):
         key = dict(zip(runs["policy"], runs["key"], strict=True))
         a, b = results[key[target]], results[key[baseline]]
-        ci = metrics.paired_saving_ci(a, b, metric=metric, n_boot=n_boot, seed=boot_seed)
+        if isinstance(a, metrics.RunSummary):
+            a, b = a.by_conversation, b.by_conversation
+            ci = metrics.paired_saving_ci_sums(a, b, metric=metric, n_boot=n_boot,
+                                               seed=boot_seed)
+        else:
+            ci = metrics.paired_saving_ci(a, b, metric=metric, n_boot=n_boot, seed=boot_seed)
         rows.append({**dict(zip(axes + ["seed"], cell, strict=True)),
                      "saving_pct": ci.estimate, "ci_low_pct": ci.low, "ci_high_pct": ci.high,
                      "n_sessions": ci.n_sessions, f"{target}_{metric}": float(a[metric].sum()),

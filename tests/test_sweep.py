@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from carbonrouter_lib import sweep
+from carbonrouter_lib import metrics, prepared, sweep
 from carbonrouter_lib.experiments import run_policies
 from carbonrouter_lib.prepared import WorkloadConfig, prepare_workload
 from carbonrouter_lib.simulator import SimulationConfig
@@ -213,3 +214,37 @@ def test_cell_savings_matches_the_totals(tmp_path):
         assert row["ci_low_pct"] <= row["saving_pct"] <= row["ci_high_pct"]
     with pytest.raises(KeyError, match="no results"):
         sweep.cell_savings({}, g)
+
+
+# --- compact runs (service scale) -----------------------------------------------------------
+
+
+def test_summary_runs_are_cached_and_equal_their_records(tmp_path):
+    scaled = prepared.with_copies(WORKLOAD, 3)
+    specs = {(out, p): RunSpec.make(scaled, SimulationConfig(regions=("GB", "BE")), p,
+                                    output=out)
+             for out in sweep.OUTPUTS for p in POLICIES}
+    assert specs[("records", "faircarbon")].key() != specs[("summary", "faircarbon")].key()
+    res = sweep.run_named(specs, cache_dir=tmp_path, serial=True, progress=False)
+    again = sweep.run_named(specs, cache_dir=tmp_path, serial=True, progress=False)
+    for p in POLICIES:
+        summ, rec = res[("summary", p)], res[("records", p)]
+        assert isinstance(summ, metrics.RunSummary)
+        pd.testing.assert_series_equal(summ.summary, metrics.summarize(rec), check_names=False)
+        pd.testing.assert_frame_equal(summ.by_conversation, metrics.conversation_sums(rec))
+        pd.testing.assert_frame_equal(again[("summary", p)].by_conversation,
+                                      summ.by_conversation)
+        # three copies of each conversation: sums over sessions, 40 conversations
+        assert len(summ.by_conversation) == 40
+        assert (summ.by_conversation["n_sessions"] == 3).all()
+    # The paired saving from the sums is the records' (conversations resampled together).
+    a = metrics.paired_saving_ci(res[("records", "carbonrouter")], res[("records", "faircarbon")],
+                                 n_boot=300, seed=2)
+    b = metrics.paired_saving_ci_sums(res[("summary", "carbonrouter")].by_conversation,
+                                      res[("summary", "faircarbon")].by_conversation,
+                                      n_boot=300, seed=2)
+    assert b.n_clusters == a.n_clusters == 40 and b.n_sessions == a.n_sessions
+    assert b.estimate == pytest.approx(a.estimate, rel=1e-12)
+    np.testing.assert_allclose(b.draws, a.draws, rtol=1e-10)
+    with pytest.raises(ValueError, match="output"):
+        RunSpec.make(WORKLOAD, SimulationConfig(), "faircarbon", output="everything")
