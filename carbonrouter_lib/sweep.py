@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import metrics, workload
+from carbonrouter_lib import metrics, prepared, workload
 from carbonrouter_lib.carbon import CarbonConfig, CarbonSignal
 from carbonrouter_lib.datasets import derived_dir
 from carbonrouter_lib.gate import GATE_CODE_VERSION, ensure_gate
@@ -68,7 +68,7 @@ __all__ = [
 #: Bump when the replay's results change for the same parameters (simulator, backend, policies,
 #: cost model, metrics columns), so that cached sweep results are not reused. The prepared
 #: workload's own code version is part of every key as well.
-CODE_VERSION = "3"
+CODE_VERSION = "4"
 #: What a run returns and caches: its records, or a :class:`~.metrics.RunSummary`.
 OUTPUTS: tuple[str, ...] = ("records", "summary")
 #: Environment variable holding the address of a running Dask scheduler (e.g.
@@ -256,11 +256,20 @@ def run_one(spec: RunSpec, gate_dir: str | os.PathLike | None = None
         # Trained once per setting and cached (derived_dir()/gates), whichever worker gets it.
         policy.set_gate(ensure_gate(wl, sim, policy.pricing, policy.gate_training,
                                     table=table, signal=signal, cache_dir=gate_dir))
-    res = simulate(table, policy, sim, signal=signal, backend=backend_config(table, sim))
+    capacity = backend_config(table, sim)
+    res = simulate(table, policy, sim, signal=signal, backend=capacity)
     records = res.records.reset_index(drop=True)
     records.attrs = {}
     if spec.output == "summary":
-        return metrics.RunSummary.from_records(records)
+        summary = metrics.RunSummary.from_records(records)
+        # The scale and capacity of the replay, recorded with its metrics.
+        scale = prepared.scale_summary(table)
+        kv = (capacity.kv_tokens_per_pool * len(sim.regions) * 3
+              if capacity.kv_tokens_per_deployment is None
+              else sum(capacity.kv_tokens_per_deployment))
+        extra = pd.Series({**scale, "slots_per_pool": capacity.slots_per_pool,
+                           "kv_tokens_total": kv}, dtype=np.float64)
+        return metrics.RunSummary(pd.concat([summary.summary, extra]), summary.by_conversation)
     return records
 
 

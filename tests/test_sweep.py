@@ -230,7 +230,12 @@ def test_summary_runs_are_cached_and_equal_their_records(tmp_path):
     for p in POLICIES:
         summ, rec = res[("summary", p)], res[("records", p)]
         assert isinstance(summ, metrics.RunSummary)
-        pd.testing.assert_series_equal(summ.summary, metrics.summarize(rec), check_names=False)
+        plain = metrics.summarize(rec)
+        pd.testing.assert_series_equal(summ.summary[plain.index], plain, check_names=False)
+        # the scale and capacity of the replay travel with its metrics
+        table = prepare_workload(scaled)
+        assert summ.summary["peak_sessions"] == prepared.peak_active_sessions(table)
+        assert summ.summary["copies"] == 3.0 and summ.summary["sessions"] == 120
         pd.testing.assert_frame_equal(summ.by_conversation, metrics.conversation_sums(rec))
         pd.testing.assert_frame_equal(again[("summary", p)].by_conversation,
                                       summ.by_conversation)

@@ -1,0 +1,317 @@
+"""Replay scale and KV memory: the convergence study, the default setting, the paper's claims.
+
+The whole ShareGPT prefix spread over a 7-day window overlaps at most P = 40 sessions; the paper's
+capacity rule then gives each (region, GPU) pool ~7 session slots and ~7 mean contexts of KV
+memory. Nobody chose that. This module replays the workloads at doubling session-start rates
+(:data:`LADDER`, copies of the dataset over the same window, :func:`prepared.with_copies`) under
+each KV-memory rule (:data:`MEMORY_RULES`), and turns the compact runs
+(:class:`~.metrics.RunSummary`) into
+
+- :func:`scale_table` — Table 1's quantities per (workload, region set, memory rule, scale,
+  policy): CO2 relative to Session-Affinity, the target's saving over the policy with its paired
+  (conversation-resampled) 95% CI, P95 TTFT, KV hit rate, share in the cleanest region, switches
+  per session, recomputed history and energy, beside the scale (rate, copies, P);
+- :func:`convergence` — from which scale each quantity stops moving (every further doubling of
+  the rate changes it by less than ``tol_pp`` percentage points);
+- :func:`choose_default` — the default scale, by the rule stated there (:data:`DEFAULT_PEAK`
+  is what notebook ``04b_replay_scale`` finds, and checks);
+- :func:`claims` — each headline claim of the paper marked holds / fails / depends, with the
+  scales and memory rules where it holds.
+
+Units: gCO2e and kg CO2e, kWh, s, sessions/s; shares in [0, 1]; savings and tolerances in %.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from carbonrouter_lib import metrics, prepared
+from carbonrouter_lib.carbon import REGION_SETS
+from carbonrouter_lib.simulator import SimulationConfig
+from carbonrouter_lib.sweep import RunSpec
+
+__all__ = [
+    "LADDER",
+    "MEMORY_RULES",
+    "SCALE_POLICIES",
+    "DEFAULT_PEAK",
+    "DEFAULT_MEMORY",
+    "CONVERGENCE_TOL_PP",
+    "QUANTITIES",
+    "memory_config",
+    "service_workload",
+    "scale_specs",
+    "scale_table",
+    "convergence",
+    "choose_default",
+    "claims",
+]
+
+#: Replay scales of the study: copies of the dataset over the same window (session-start rate
+#: relative to the unscaled replay), doubling. ShareGPT: P = 40 at 1 copy … ≈ 2,900 at 128.
+LADDER: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+
+#: The KV-memory rules compared: the paper's K·C̄ (tight), ten times it (ample), and the
+#: hardware-grounded rule (SimulationConfig fields).
+MEMORY_RULES: dict[str, dict[str, Any]] = {
+    "paper": {"kv_memory": "paper", "kv_scale": 1.0},
+    "paper x10": {"kv_memory": "paper", "kv_scale": 10.0},
+    "hardware": {"kv_memory": "hardware", "kv_scale": 1.0},
+}
+
+#: Policies of the scale study: Table 1's, with CarbonRouter's proposal (no gate; the learned
+#: gate is trained per setting, see notebook 04b for where it is evaluated).
+SCALE_POLICIES: tuple[str, ...] = (
+    "session-affinity", "carbon-affinity", "gar", "faircarbon", "carbonrouter-no-gate",
+)
+
+#: The default peak of active sessions of the results notebooks (04–07), chosen by
+#: :func:`choose_default` on the convergence study (notebook 04b recomputes it and checks).
+DEFAULT_PEAK: int = 400
+#: The default KV-memory rule (a :data:`MEMORY_RULES` key), chosen in notebook 04b.
+DEFAULT_MEMORY: str = "paper"
+
+#: A quantity has converged from the scale where every further doubling of the rate moves it
+#: by less than this, percentage points (of CO2 relative to Session-Affinity, or of a saving).
+CONVERGENCE_TOL_PP: float = 1.0
+
+#: The quantities of :func:`scale_table` that :func:`convergence` follows, with their unit
+#: scaling to percentage points (shares and ratios × 100).
+QUANTITIES: dict[str, float] = {
+    "co2_rel": 100.0, "saving_pct": 1.0, "kv_hit_rate_tokens": 100.0,
+    "share_in_cleanest_region": 100.0, "share_history_recomputed": 100.0,
+}
+
+
+def memory_config(base: SimulationConfig, memory: str) -> SimulationConfig:
+    """``base`` with the KV-memory rule named ``memory`` (:data:`MEMORY_RULES`)."""
+    if memory not in MEMORY_RULES:
+        raise KeyError(f"unknown memory rule {memory!r}; one of {list(MEMORY_RULES)}")
+    return dataclasses.replace(base, **MEMORY_RULES[memory])
+
+
+@functools.lru_cache(maxsize=32)
+def service_workload(config: prepared.WorkloadConfig,
+                     peak: int | None = None) -> prepared.WorkloadConfig:
+    """``config`` at the session-start rate whose replay peaks at ``peak`` active sessions
+    (default :data:`DEFAULT_PEAK`; :func:`prepared.with_peak`, 2% tolerance). The same P for
+    every workload gives their pools the same capacity (K = c·P): a service of a given size."""
+    return prepared.with_peak(config, DEFAULT_PEAK if peak is None else int(peak))
+
+
+def scale_specs(
+    workloads: Mapping[str, prepared.WorkloadConfig],
+    region_sets: Sequence[str],
+    copies: Sequence[float] = LADDER,
+    memory: Sequence[str] = tuple(MEMORY_RULES),
+    policies: Sequence[str] = SCALE_POLICIES,
+    base: SimulationConfig | None = None,
+) -> pd.DataFrame:
+    """The runs of the study: every workload (name → unscaled config) × region set × memory
+    rule × copies × policy, as compact runs (``output="summary"``). One row per run: dataset,
+    region_set, memory, copies, policy, key, spec."""
+    base = base or SimulationConfig()
+    rows = []
+    for name, wcfg in workloads.items():
+        for k in copies:
+            wl = prepared.with_copies(wcfg, k)
+            for rs in region_sets:
+                for mem in memory:
+                    sim = memory_config(dataclasses.replace(base, regions=REGION_SETS[rs]), mem)
+                    for p in policies:
+                        spec = RunSpec.make(wl, sim, p, output="summary")
+                        rows.append({"dataset": name, "region_set": rs, "memory": mem,
+                                     "copies": float(k), "policy": p, "key": spec.key(),
+                                     "spec": spec})
+    return pd.DataFrame(rows)
+
+
+_SETTING = ["dataset", "region_set", "memory", "copies"]
+
+
+def scale_table(
+    results: Mapping[str, metrics.RunSummary],
+    grid: pd.DataFrame,
+    target: str = "carbonrouter-no-gate",
+    reference: str = metrics.REFERENCE_POLICY,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Table 1's quantities for every run of a :func:`scale_specs` grid.
+
+    One row per (dataset, region_set, memory, copies, policy) with the scale (``peak_sessions``
+    P, ``sessions_per_s``, ``queries``), ``co2_rel`` and ``energy_rel`` (to ``reference``),
+    ``saving_pct`` with ``ci_low_pct`` / ``ci_high_pct`` (``target``'s CO2 saving over the
+    policy, paired bootstrap over conversations; NaN on the target's own row), ``p95_ttft_s``,
+    ``kv_hit_rate_tokens``, ``share_in_cleanest_region``, ``switches_per_session``,
+    ``share_history_recomputed``, ``share_best_effort``, ``total_co2_kg``.
+    """
+    missing = sorted(set(grid["key"]) - set(results))
+    if missing:
+        raise KeyError(f"scale_table: {len(missing)} runs of the grid have no results "
+                       f"(first key {missing[0][:16]}…)")
+    cols = ["peak_sessions", "sessions_per_s", "n_queries", "total_co2_kg", "total_energy_kwh",
+            "p95_ttft_s", "kv_hit_rate_tokens", "share_in_cleanest_region",
+            "switches_per_session", "share_history_recomputed", "share_best_effort",
+            "mean_quality", "slots_per_pool", "kv_tokens_total"]
+    rows = []
+    for setting, runs in grid.groupby(_SETTING, sort=False):
+        key = dict(zip(runs["policy"], runs["key"], strict=True))
+        for name in (reference, target):
+            if name not in key:
+                raise KeyError(f"scale_table: setting {setting} has no {name!r} run")
+        ref = results[key[reference]].summary
+        tgt = results[key[target]].by_conversation
+        for policy, k in key.items():
+            run = results[k]
+            s = run.summary
+            row = dict(zip(_SETTING, setting, strict=True)) | {"policy": policy}
+            row.update({c: float(s[c]) for c in cols})
+            row["queries"] = row.pop("n_queries")
+            row["co2_rel"] = s["total_co2_kg"] / ref["total_co2_kg"]
+            row["energy_rel"] = s["total_energy_kwh"] / ref["total_energy_kwh"]
+            row["quality_rel"] = s["mean_quality"] / ref["mean_quality"]
+            if policy == target:
+                row.update(saving_pct=math.nan, ci_low_pct=math.nan, ci_high_pct=math.nan)
+            else:
+                ci = metrics.paired_saving_ci_sums(tgt, run.by_conversation, n_boot=n_boot,
+                                                   seed=seed)
+                row.update(saving_pct=ci.estimate, ci_low_pct=ci.low, ci_high_pct=ci.high)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def convergence(
+    table: pd.DataFrame, quantities: Mapping[str, float] = QUANTITIES,
+    tol_pp: float = CONVERGENCE_TOL_PP,
+) -> pd.DataFrame:
+    """Where each quantity of a :func:`scale_table` stops moving.
+
+    Per (dataset, region_set, memory, policy, quantity), over the scales in increasing order:
+    ``value_max_scale`` (at the largest P), ``max_change_pp`` (the largest change between
+    consecutive scales, pp), ``converged_from_peak`` (the smallest P from which every later
+    step moves it by less than ``tol_pp`` pp; NaN when even the last step moves more) and
+    ``last_step_pp``. Consecutive scales are doublings of the rate on :data:`LADDER`.
+    """
+    rows = []
+    keys = ["dataset", "region_set", "memory", "policy"]
+    for group, g in table.groupby(keys, sort=False):
+        g = g.sort_values("copies")
+        peaks = g["peak_sessions"].to_numpy()
+        for q, unit in quantities.items():
+            v = g[q].to_numpy(np.float64) * unit
+            if np.isnan(v).all():
+                continue
+            steps = np.abs(np.diff(v))
+            # the first index from which every later step is below the tolerance
+            ok = steps < tol_pp
+            start = len(v) - 1
+            while start > 0 and ok[start - 1]:
+                start -= 1
+            converged = start < len(v) - 1
+            rows.append(dict(zip(keys, group, strict=True)) | {
+                "quantity": q, "value_max_scale": v[-1] / unit,
+                "max_change_pp": float(steps.max()) if len(steps) else math.nan,
+                "last_step_pp": float(steps[-1]) if len(steps) else math.nan,
+                "converged_from_peak": float(peaks[start]) if converged else math.nan,
+                "max_peak": float(peaks[-1]),
+            })
+    return pd.DataFrame(rows)
+
+
+def choose_default(
+    table: pd.DataFrame, dataset: str = "sharegpt", region_set: str = "paper",
+    memory: str = "paper", tol_pp: float = CONVERGENCE_TOL_PP,
+    mooncake_rate_per_s: float | None = None,
+) -> dict[str, Any]:
+    """The default scale, by this rule: the smallest scale of the ladder at which every policy's
+    CO2 relative to Session-Affinity and the target's saving over every policy are within
+    ``tol_pp`` percentage points of their values at the largest scale (the converged values:
+    the last doubling must have moved each by less than ``tol_pp``, else ``ValueError``),
+    on the main setting (``dataset``, ``region_set``, ``memory``) — or the scale of the Mooncake
+    trace's own session-start rate if that is smaller. Returned as P (the peak of active
+    sessions, rounded to 10), with the copies and rate it came from and the largest deviation
+    there."""
+    g = table[(table["dataset"] == dataset) & (table["region_set"] == region_set)
+              & (table["memory"] == memory)]
+    if g.empty:
+        raise ValueError(f"choose_default: no runs for {dataset}/{region_set}/{memory}")
+    scales = np.sort(g["copies"].unique())
+    top = g[g["copies"] == scales[-1]].set_index("policy")
+
+    def deviation(k: float) -> float:
+        at = g[g["copies"] == k].set_index("policy")
+        dev_co2 = (100 * (at["co2_rel"] - top["co2_rel"]).abs()).max()
+        dev_saving = (at["saving_pct"] - top["saving_pct"]).abs().max()
+        return float(np.nanmax([dev_co2, dev_saving]))
+
+    # The values at the largest scale count as converged only if the last doubling moved none
+    # of them by tol_pp or more.
+    if len(scales) < 2 or not deviation(scales[-2]) < tol_pp:
+        raise ValueError(f"choose_default: not converged within {tol_pp} pp at the largest "
+                         f"scale ({scales[-1]} copies); extend the ladder")
+    chosen = None
+    for k in scales:
+        worst = deviation(k)
+        at = g[g["copies"] == k].set_index("policy")
+        if worst < tol_pp:
+            chosen = {"copies": float(k), "peak_sessions": float(at["peak_sessions"].iloc[0]),
+                      "sessions_per_s": float(at["sessions_per_s"].iloc[0]),
+                      "max_deviation_pp": worst, "rule": "converged"}
+            break
+    if mooncake_rate_per_s is not None and mooncake_rate_per_s < chosen["sessions_per_s"]:
+        rate_per_copy = chosen["sessions_per_s"] / chosen["copies"]
+        chosen.update(copies=mooncake_rate_per_s / rate_per_copy,
+                      sessions_per_s=mooncake_rate_per_s, rule="mooncake rate")
+        chosen["peak_sessions"] = math.nan  # measured by the caller on the built table
+    chosen["default_peak"] = (int(round(chosen["peak_sessions"] / 10.0) * 10)
+                              if not math.isnan(chosen["peak_sessions"]) else None)
+    return chosen
+
+
+def claims(table: pd.DataFrame, target: str = "carbonrouter-no-gate") -> pd.DataFrame:
+    """The paper's headline claims on a :func:`scale_table`, one row per (claim, dataset,
+    region set): over every memory rule and scale of the table, in how many settings the claim
+    holds, the P range and memory rules where it holds, and the verdict — ``holds`` (in every
+    setting), ``fails`` (in none) or ``depends``.
+
+    Claims: ``lowest CO2`` (the target has the lowest CO2 of all policies); ``saves over X``
+    (its saving over X has a 95% CI above 0, one claim per baseline X); ``TTFT ordering`` (P95
+    TTFT ordered as the paper's ShareGPT column: Session-Affinity ≤ Carbon-Affinity ≤ the target
+    ≤ FairCarbon ≤ GAR†).
+    """
+    rows = []
+    for (ds, rs), g in table.groupby(["dataset", "region_set"], sort=False):
+        checks: dict[str, list[tuple[str, float, bool]]] = {}
+        for (mem, _k), at in g.groupby(["memory", "copies"], sort=False):
+            at = at.set_index("policy")
+            p = float(at["peak_sessions"].iloc[0])
+            lowest = at["co2_rel"].idxmin() == target
+            checks.setdefault("lowest CO2", []).append((mem, p, bool(lowest)))
+            for base in at.index:
+                if base == target:
+                    continue
+                holds = bool(at.loc[base, "ci_low_pct"] > 0)
+                checks.setdefault(f"saves over {base}", []).append((mem, p, holds))
+            order = ["session-affinity", "carbon-affinity", target, "faircarbon", "gar"]
+            if all(o in at.index for o in order):
+                t = at.loc[order, "p95_ttft_s"].to_numpy()
+                checks.setdefault("TTFT ordering", []).append((mem, p, bool(np.all(np.diff(t)
+                                                                                   >= 0))))
+        for claim, items in checks.items():
+            holds = [(m, p) for m, p, h in items if h]
+            n = len(items)
+            verdict = "holds" if len(holds) == n else "fails" if not holds else "depends"
+            rows.append({"claim": claim, "dataset": ds, "region_set": rs, "verdict": verdict,
+                         "settings_holding": f"{len(holds)}/{n}",
+                         "memory_rules_holding": ", ".join(sorted({m for m, _ in holds})),
+                         "peak_min_holding": min((p for _, p in holds), default=math.nan),
+                         "peak_max_holding": max((p for _, p in holds), default=math.nan)})
+    return pd.DataFrame(rows)
