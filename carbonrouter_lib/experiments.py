@@ -17,8 +17,8 @@ from carbonrouter_lib import metrics
 from carbonrouter_lib.simulator import SimulationConfig, backend_config, simulate
 
 __all__ = ["MAIN_POLICIES", "ABLATIONS", "SENSITIVITY_AXES", "PAPER_TABLE1", "PAPER_TABLE2",
-           "PAPER_FIGURE5", "PAPER_MECHANISMS", "run_policies", "table1", "table2",
-           "ablation_by_session_length", "mechanisms"]
+           "PAPER_FIGURE5", "PAPER_MECHANISMS", "run_policies", "summaries", "savings", "table1",
+           "table2", "ablation_by_session_length", "mechanisms"]
 
 #: Policies of Table 1, in the paper's row order.
 MAIN_POLICIES: tuple[str, ...] = (
@@ -123,14 +123,53 @@ def run_policies(
     return out
 
 
-def table1(records: Mapping[str, pd.DataFrame], n_boot: int = 2000, seed: int = 0,
+Runs = Mapping[str, "pd.DataFrame | metrics.RunSummary"]
+
+
+def summaries(runs: Runs) -> pd.DataFrame:
+    """:func:`metrics.summarize` of each run (records, or a :class:`metrics.RunSummary`'s
+    metrics), one row per policy (index ``policy``, in mapping order)."""
+    if all(isinstance(r, pd.DataFrame) for r in runs.values()):
+        return metrics.summary_table(runs)
+    cols = list(metrics.SUMMARY_METRICS)
+    rows = {p: (r.summary[cols] if isinstance(r, metrics.RunSummary)
+                else metrics.summarize(r)) for p, r in runs.items()}
+    table = pd.DataFrame(rows).T
+    table.index.name = "policy"
+    return table
+
+
+def savings(runs: Runs, target: str = "carbonrouter", n_boot: int = 2000,
+            seed: int = 0) -> pd.DataFrame:
+    """The target's CO2 saving over every other run (%), paired bootstrap 95% CI over
+    conversations (from the records, or from the runs' per-conversation sums): columns
+    ``saving_pct, ci_low_pct, ci_high_pct``, index ``policy``."""
+    if all(isinstance(r, pd.DataFrame) for r in runs.values()):
+        saving = metrics.saving_table(runs, target=target, n_boot=n_boot, seed=seed)
+        return saving.rename_axis("policy")[["saving_pct", "ci_low_pct", "ci_high_pct"]]
+    if target not in runs:
+        raise KeyError(f"savings: no run of the target {target!r}")
+    rows = {}
+    for policy, run in runs.items():
+        if policy == target:
+            continue
+        ci = metrics.paired_saving_ci_sums(runs[target].by_conversation, run.by_conversation,
+                                           n_boot=n_boot, seed=seed)
+        rows[policy] = {"saving_pct": ci.estimate, "ci_low_pct": ci.low,
+                        "ci_high_pct": ci.high}
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out.index.name = "policy"
+    return out
+
+
+def table1(records: Runs, n_boot: int = 2000, seed: int = 0,
            target: str = "carbonrouter") -> pd.DataFrame:
-    """Table 1 from per-policy records: normalized CO2, quality and energy, P95 TTFT (s), and
-    the target's CO2 saving over each policy (%) with its paired bootstrap 95% CI."""
-    summary = metrics.summary_table(records)
+    """Table 1 from per-policy runs (records, or :class:`metrics.RunSummary` of service-scale
+    replays): normalized CO2, quality and energy, P95 TTFT (s), and the target's CO2 saving over
+    each policy (%) with its paired bootstrap 95% CI."""
+    summary = summaries(records)
     norm = metrics.normalize(summary)
-    saving = metrics.saving_table(records, target=target, n_boot=n_boot, seed=seed)
-    saving = saving.rename_axis("policy")[["saving_pct", "ci_low_pct", "ci_high_pct"]]
+    saving = savings(records, target=target, n_boot=n_boot, seed=seed)
     out = norm.join(saving, how="left")
     out["total_co2_kg"] = summary["total_co2_kg"]
     out["share_best_effort"] = summary["share_best_effort"]
@@ -138,9 +177,9 @@ def table1(records: Mapping[str, pd.DataFrame], n_boot: int = 2000, seed: int = 
     return out.reset_index()
 
 
-def mechanisms(records: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+def mechanisms(records: Runs) -> pd.DataFrame:
     """The mechanism quantities of spec §10 per policy, as a tidy table (policy, metric, value)."""
-    summary = metrics.summary_table(records)
+    summary = summaries(records)
     cols = [c for c in MECHANISM_METRICS if c in summary.columns]
     return (summary[cols].rename_axis("policy").reset_index()
             .melt(id_vars="policy", var_name="metric", value_name="value"))

@@ -57,6 +57,7 @@ __all__ = [
     "by_session_length",
     "paired_by_session_length",
     "RunSummary",
+    "SUMMARY_METRICS",
     "conversation_sums",
     "paired_saving_ci_sums",
 ]
@@ -238,6 +239,16 @@ def summarize(records: pd.DataFrame) -> pd.Series:
     """
     validate_records(records)
     return pd.Series(_summary_dict(records), dtype=np.float64)
+
+
+#: The metrics :func:`summarize` returns, in order.
+SUMMARY_METRICS: tuple[str, ...] = (
+    "n_queries", "n_served", "n_sessions", "total_co2_kg", "total_energy_kwh", "mean_quality",
+    "p95_ttft_s", "share_best_effort", "share_rejected", "kv_hit_rate_tokens", "full_hit_share",
+    "share_history_recomputed", "switches_per_session", "switch_opportunities_per_session",
+    "gate_blocked_per_session", "recompute_energy_per_query_mwh", "share_in_cleanest_region",
+    "share_on_70b",
+)
 
 
 def _summary_dict(records: pd.DataFrame) -> dict[str, float | int]:

@@ -24,8 +24,9 @@ TEST_PARAMETERS = NOTEBOOK_DIR / "test_parameters.json"
 
 
 def list_notebooks(notebook_dir: Path = NOTEBOOK_DIR) -> list[Path]:
-    """The numbered analysis notebooks (``NN_name.ipynb``), in order."""
-    found = sorted(p for p in notebook_dir.glob("[0-9][0-9]_*.ipynb"))
+    """The numbered analysis notebooks (``NN_name.ipynb``, or ``NNx_name.ipynb`` for one inserted
+    after ``NN``), in order."""
+    found = sorted(p for p in notebook_dir.glob("[0-9][0-9]*_*.ipynb"))
     if not found:
         raise FileNotFoundError(f"no numbered notebooks (NN_name.ipynb) in {notebook_dir}")
     return found

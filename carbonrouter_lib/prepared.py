@@ -433,12 +433,15 @@ def with_peak(
     config: WorkloadConfig, target_peak: int, rel_tol: float = 0.02, max_iter: int = 12
 ) -> WorkloadConfig:
     """``config`` at the session-start rate whose table has a peak of ``target_peak`` active
-    sessions (:func:`peak_active_sessions`), within ``rel_tol``.
+    sessions (:func:`peak_active_sessions`), within ``rel_tol`` (at least ±0.5: P is an integer).
 
     P grows about linearly with the rate (Little's law: mean active sessions = rate × mean
     session duration; the peak sits a few standard deviations above the mean), so the search
-    starts from that proportion and refines it by secant steps on the measured P of the built
-    tables (deterministic for a seed). Raises ``ValueError`` if it does not converge.
+    starts from that proportion, brackets the target and narrows the bracket by interpolating
+    log P against log rate (bisection when that stalls), on the measured P of the built tables
+    (deterministic for a seed). P of a resampled table is a random step function of the rate, so
+    when no rate hits the tolerance within ``max_iter`` tables the closest one is returned if it
+    is within 25%; otherwise ``ValueError``.
     """
     if isinstance(target_peak, bool) or not isinstance(target_peak, int | np.integer) or (
         target_peak < 1
@@ -448,21 +451,41 @@ def with_peak(
         raise ValueError(f"with_peak: rel_tol must be in (0, 1), got {rel_tol!r}")
     base = dataclasses.replace(config, sessions_per_s=None)
     n = n_conversations(base)
-    k_lo, p_lo = 0.0, 0.0
+    tol = max(rel_tol * target_peak, 0.5)
+
+    def peak(k: float) -> float:
+        return float(peak_active_sessions(prepare_workload(with_copies(base, k))))
+
+    tried = [(1.0, peak(1.0))]
+    lo = hi = None
     k = 1.0
-    p = float(peak_active_sessions(prepare_workload(base)))
-    tried = [(k, p)]
     for _ in range(max_iter):
-        if abs(p - target_peak) <= rel_tol * target_peak:
-            return with_copies(base, k)
-        # secant through the two latest points (the origin at first), clipped to stay positive
-        slope = (p - p_lo) / (k - k_lo) if k != k_lo else p / k
-        k_lo, p_lo = k, p
-        k = max(k + (target_peak - p) / max(slope, 1e-9), 1.0 / n)
-        p = float(peak_active_sessions(prepare_workload(with_copies(base, k))))
-        tried.append((k, p))
+        k_now, p = tried[-1]
+        if abs(p - target_peak) <= tol:
+            return with_copies(base, k_now)
+        if p < target_peak:
+            lo = (k_now, p) if lo is None or k_now > lo[0] else lo
+        else:
+            hi = (k_now, p) if hi is None or k_now < hi[0] else hi
+        if hi is None:  # grow: proportional to the shortfall, at least ×1.5
+            k = k_now * max(target_peak / max(p, 0.5), 1.5)
+        elif lo is None:  # shrink, not below one session in the window
+            k = max(k_now * min(target_peak / p, 0.67), 1.0 / n)
+        else:
+            (k0, p0), (k1, p1) = lo, hi
+            k = math.exp(np.interp(math.log(target_peak), [math.log(max(p0, 0.5)),
+                                                           math.log(p1)],
+                                   [math.log(k0), math.log(k1)]))
+            if not k0 * 1.001 < k < k1 / 1.001:
+                k = math.sqrt(k0 * k1)
+            if k1 / k0 < 1.0005:  # the bracket has closed: P jumps over the target here
+                break
+        tried.append((k, peak(k)))
+    best_k, best_p = min(tried, key=lambda kp: abs(kp[1] - target_peak))
+    if abs(best_p - target_peak) <= 0.25 * target_peak:
+        return with_copies(base, best_k)
     raise ValueError(f"with_peak: no rate gives P = {target_peak} within {rel_tol:.0%} after "
-                     f"{max_iter} steps (copies, P tried: {tried})")
+                     f"{len(tried)} tables (copies, P tried: {tried})")
 
 
 def scale_summary(table: pd.DataFrame) -> dict[str, float | int]:

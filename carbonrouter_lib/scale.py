@@ -39,6 +39,7 @@ from carbonrouter_lib.sweep import RunSpec
 
 __all__ = [
     "LADDER",
+    "GRIDS",
     "MEMORY_RULES",
     "SCALE_POLICIES",
     "DEFAULT_PEAK",
@@ -47,16 +48,41 @@ __all__ = [
     "QUANTITIES",
     "memory_config",
     "service_workload",
+    "setting",
+    "describe",
+    "grid_specs",
     "scale_specs",
     "scale_table",
     "convergence",
     "choose_default",
     "claims",
+    "claims_at",
 ]
 
 #: Replay scales of the study: copies of the dataset over the same window (session-start rate
 #: relative to the unscaled replay), doubling. ShareGPT: P = 40 at 1 copy … ≈ 2,900 at 128.
 LADDER: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+
+#: The grids of notebook 04b: (dataset, region sets, copies, memory rules) blocks, every policy of
+#: :data:`SCALE_POLICIES` in each. "full" is the study (ShareGPT to P ≈ 2,900, the Mooncake trace
+#: to ≈ 4× its own start rate; hours on two cores); "reproduce" the part `make reproduce` affords
+#: (ShareGPT to P ≈ 220 under two memory rules and to P ≈ 400 under the paper's, the Mooncake
+#: trace to about its own start rate; the other region set at both ends).
+GRIDS: dict[str, tuple[tuple[str, tuple[str, ...], tuple[float, ...], tuple[str, ...]], ...]] = {
+    "full": (
+        ("sharegpt", ("paper", "em-only"), (1, 2, 4, 8, 16, 32, 64, 128),
+         ("paper", "paper x10", "hardware")),
+        ("mooncake", ("paper",), (1, 2, 4, 8, 16, 32, 64, 128, 256),
+         ("paper", "paper x10", "hardware")),
+        ("mooncake", ("em-only",), (1, 16, 64, 256), ("paper", "paper x10", "hardware")),
+    ),
+    "reproduce": (
+        ("sharegpt", ("paper",), (1, 2, 4, 8), ("paper", "hardware")),
+        ("sharegpt", ("paper",), (16,), ("paper",)),
+        ("mooncake", ("paper",), (1, 8, 64), ("paper",)),
+        ("sharegpt", ("em-only",), (1, 8), ("paper",)),
+    ),
+}
 
 #: The KV-memory rules compared: the paper's K·C̄ (tight), ten times it (ample), and the
 #: hardware-grounded rule (SimulationConfig fields).
@@ -104,6 +130,56 @@ def service_workload(config: prepared.WorkloadConfig,
     (default :data:`DEFAULT_PEAK`; :func:`prepared.with_peak`, 2% tolerance). The same P for
     every workload gives their pools the same capacity (K = c·P): a service of a given size."""
     return prepared.with_peak(config, DEFAULT_PEAK if peak is None else int(peak))
+
+
+def setting(
+    dataset: str, region_set: str = "paper", peak: int | str | None = None,
+    memory: str | None = None, **workload_fields: Any,
+) -> tuple[prepared.WorkloadConfig, SimulationConfig]:
+    """The workload and setting of a results notebook: ``dataset`` at the peak of active
+    sessions ``peak`` (None: :data:`DEFAULT_PEAK`; ``"unscaled"``: every conversation once, the
+    replay before the scale study — P = 40 for ShareGPT), the regions of ``region_set`` and the
+    KV-memory rule ``memory`` (None: :data:`DEFAULT_MEMORY`). ``workload_fields`` go to
+    :class:`prepared.WorkloadConfig` (seed, n_sessions, max_conversations, arrival, …)."""
+    wcfg = prepared.WorkloadConfig(dataset=dataset, **workload_fields)
+    if peak != "unscaled":
+        wcfg = service_workload(wcfg, peak)
+    sim = memory_config(SimulationConfig(regions=REGION_SETS[region_set]),
+                        DEFAULT_MEMORY if memory is None else memory)
+    return wcfg, sim
+
+
+@functools.lru_cache(maxsize=16)
+def _scale_of(config: prepared.WorkloadConfig) -> dict[str, float]:
+    return prepared.scale_summary(prepared.prepare_workload(config))
+
+
+def describe(config: prepared.WorkloadConfig, simulation: SimulationConfig) -> dict[str, Any]:
+    """The scale and capacity of a replay, to print in every results notebook's header: the
+    session-start rate (sessions/s), copies of each conversation, sessions, queries, the peak of
+    active sessions P, slots per (region, GPU) pool, the KV-memory rule and the KV memory of the
+    whole backend (tokens; under the paper's rule, of any model)."""
+    from carbonrouter_lib.simulator import backend_config
+
+    table = prepared.prepare_workload(config)
+    out: dict[str, Any] = dict(_scale_of(config))
+    cap = backend_config(table, simulation)
+    kv = (cap.kv_tokens_per_pool * len(simulation.regions) * 3
+          if cap.kv_tokens_per_deployment is None else sum(cap.kv_tokens_per_deployment))
+    out.update(slots_per_pool=cap.slots_per_pool, kv_memory=simulation.kv_memory,
+               kv_scale=simulation.kv_scale, kv_tokens_total=kv)
+    return out
+
+
+def grid_specs(name: str, workloads: Mapping[str, prepared.WorkloadConfig],
+               policies: Sequence[str] = SCALE_POLICIES) -> pd.DataFrame:
+    """The runs of the :data:`GRIDS` entry ``name`` for these (unscaled) workloads, one row per
+    run as :func:`scale_specs` (a run shared by two blocks appears once)."""
+    if name not in GRIDS:
+        raise KeyError(f"unknown grid {name!r}; one of {list(GRIDS)}")
+    parts = [scale_specs({ds: workloads[ds]}, rs, copies, memory, policies)
+             for ds, rs, copies, memory in GRIDS[name] if ds in workloads]
+    return pd.concat(parts, ignore_index=True).drop_duplicates("key", ignore_index=True)
 
 
 def scale_specs(
@@ -226,54 +302,70 @@ def convergence(
     return pd.DataFrame(rows)
 
 
-def choose_default(
-    table: pd.DataFrame, dataset: str = "sharegpt", region_set: str = "paper",
-    memory: str = "paper", tol_pp: float = CONVERGENCE_TOL_PP,
-    mooncake_rate_per_s: float | None = None,
-) -> dict[str, Any]:
-    """The default scale, by this rule: the smallest scale of the ladder at which every policy's
-    CO2 relative to Session-Affinity and the target's saving over every policy are within
-    ``tol_pp`` percentage points of their values at the largest scale (the converged values:
-    the last doubling must have moved each by less than ``tol_pp``, else ``ValueError``),
-    on the main setting (``dataset``, ``region_set``, ``memory``) — or the scale of the Mooncake
-    trace's own session-start rate if that is smaller. Returned as P (the peak of active
-    sessions, rounded to 10), with the copies and rate it came from and the largest deviation
-    there."""
-    g = table[(table["dataset"] == dataset) & (table["region_set"] == region_set)
-              & (table["memory"] == memory)]
-    if g.empty:
-        raise ValueError(f"choose_default: no runs for {dataset}/{region_set}/{memory}")
+def _stable_from(g: pd.DataFrame) -> tuple[float, float]:
+    """(copies, P) of the smallest scale of one setting's runs from which the CO2 ranking of the
+    policies and the sign of every saving with a 95% CI that excludes 0 are those of every larger
+    scale."""
     scales = np.sort(g["copies"].unique())
-    top = g[g["copies"] == scales[-1]].set_index("policy")
 
-    def deviation(k: float) -> float:
-        at = g[g["copies"] == k].set_index("policy")
-        dev_co2 = (100 * (at["co2_rel"] - top["co2_rel"]).abs()).max()
-        dev_saving = (at["saving_pct"] - top["saving_pct"]).abs().max()
-        return float(np.nanmax([dev_co2, dev_saving]))
+    def verdict(k: float) -> tuple:
+        at = g[g["copies"] == k].set_index("policy").sort_index()
+        ranking = tuple(at["co2_rel"].sort_values(kind="stable").index)
+        signs = tuple(np.where(at["ci_low_pct"] > 0, 1, np.where(at["ci_high_pct"] < 0, -1, 0)))
+        return ranking, signs
 
-    # The values at the largest scale count as converged only if the last doubling moved none
-    # of them by tol_pp or more.
-    if len(scales) < 2 or not deviation(scales[-2]) < tol_pp:
-        raise ValueError(f"choose_default: not converged within {tol_pp} pp at the largest "
-                         f"scale ({scales[-1]} copies); extend the ladder")
-    chosen = None
-    for k in scales:
-        worst = deviation(k)
-        at = g[g["copies"] == k].set_index("policy")
-        if worst < tol_pp:
-            chosen = {"copies": float(k), "peak_sessions": float(at["peak_sessions"].iloc[0]),
-                      "sessions_per_s": float(at["sessions_per_s"].iloc[0]),
-                      "max_deviation_pp": worst, "rule": "converged"}
-            break
-    if mooncake_rate_per_s is not None and mooncake_rate_per_s < chosen["sessions_per_s"]:
-        rate_per_copy = chosen["sessions_per_s"] / chosen["copies"]
-        chosen.update(copies=mooncake_rate_per_s / rate_per_copy,
-                      sessions_per_s=mooncake_rate_per_s, rule="mooncake rate")
-        chosen["peak_sessions"] = math.nan  # measured by the caller on the built table
-    chosen["default_peak"] = (int(round(chosen["peak_sessions"] / 10.0) * 10)
-                              if not math.isnan(chosen["peak_sessions"]) else None)
-    return chosen
+    verdicts = [verdict(k) for k in scales]
+    start = len(scales) - 1
+    while start > 0 and verdicts[start - 1] == verdicts[-1]:
+        start -= 1
+    at = g[g["copies"] == scales[start]]
+    return float(scales[start]), float(at["peak_sessions"].iloc[0])
+
+
+def choose_default(
+    table: pd.DataFrame, datasets: Sequence[str] = ("sharegpt", "mooncake"),
+    region_set: str = "paper", memory: str = "paper", tol_pp: float = CONVERGENCE_TOL_PP,
+    mooncake_peak: float | None = None,
+) -> pd.DataFrame:
+    """The default scale, by this rule, on each dataset's runs in ``region_set`` under
+    ``memory``:
+
+    - *stable*: the smallest scale from which the conclusions stop changing up to the largest
+      scale studied — the CO2 ranking of the policies, and the sign of every saving of the target
+      whose 95% CI excludes 0;
+    - *strict* (reported beside it): the smallest scale from which every policy's CO2 relative
+      to Session-Affinity and every saving are within ``tol_pp`` pp of their values at the
+      largest scale (NaN when the last doubling still moves one by ``tol_pp`` or more: not
+      converged within the ladder).
+
+    The default peak P is the largest *stable* P over the datasets, rounded to 10 — or
+    ``mooncake_peak`` (P of the Mooncake trace's own session-start rate) if that is smaller.
+    One row per dataset (``stable_copies``, ``stable_peak``, ``strict_peak``,
+    ``max_change_last_doubling_pp``) and a final row ``dataset == "default"`` with
+    ``default_peak`` and the ``rule`` that set it.
+    """
+    rows = []
+    for ds in datasets:
+        g = table[(table["dataset"] == ds) & (table["region_set"] == region_set)
+                  & (table["memory"] == memory)]
+        if g.empty:
+            raise ValueError(f"choose_default: no runs for {ds}/{region_set}/{memory}")
+        copies, peak = _stable_from(g)
+        conv = convergence(g, {"co2_rel": 100.0, "saving_pct": 1.0}, tol_pp)
+        strict = (math.nan if conv["converged_from_peak"].isna().any()
+                  else float(conv["converged_from_peak"].max()))
+        rows.append({"dataset": ds, "stable_copies": copies, "stable_peak": peak,
+                     "strict_peak": strict,
+                     "max_change_last_doubling_pp": float(conv["last_step_pp"].max()),
+                     "largest_peak": float(g["peak_sessions"].max())})
+    out = pd.DataFrame(rows)
+    stable = float(out["stable_peak"].max())
+    default, rule = stable, "stable conclusions"
+    if mooncake_peak is not None and mooncake_peak < stable:
+        default, rule = float(mooncake_peak), "Mooncake start rate"
+    final = {"dataset": "default", "default_peak": int(round(default / 10.0) * 10),
+             "rule": rule}
+    return pd.concat([out, pd.DataFrame([final])], ignore_index=True)
 
 
 def claims(table: pd.DataFrame, target: str = "carbonrouter-no-gate") -> pd.DataFrame:
@@ -314,4 +406,64 @@ def claims(table: pd.DataFrame, target: str = "carbonrouter-no-gate") -> pd.Data
                          "memory_rules_holding": ", ".join(sorted({m for m, _ in holds})),
                          "peak_min_holding": min((p for _, p in holds), default=math.nan),
                          "peak_max_holding": max((p for _, p in holds), default=math.nan)})
+    return pd.DataFrame(rows)
+
+
+#: The paper's ShareGPT Table 1 P95-TTFT order (fastest first), for the ordering claim.
+_TTFT_ORDER = ("session-affinity", "carbon-affinity", "carbonrouter", "faircarbon", "gar")
+
+
+def claims_at(runs: Mapping[str, pd.DataFrame], paper_dataset: str = "ShareGPT",
+              thresholds: Sequence[int] = (5, 10, 20, 30), n_boot: int = 2000,
+              seed: int = 0) -> pd.DataFrame:
+    """The paper's headline claims checked on one setting's records (Table 1's policies,
+    ``carbonrouter`` with its gate and ``carbonrouter-no-gate``), one row per claim: the paper's
+    value, ours (with the 95% CI where there is one) and the verdict (holds / fails).
+
+    - *lowest CO2*: CarbonRouter emits the least of Table 1's policies;
+    - *saving over X* (each baseline): its CI lies above 0 (the paper's value beside it);
+    - *TTFT ordering*: P95 TTFT SA ≤ CA ≤ CarbonRouter ≤ FairCarbon ≤ GAR† (the paper's ShareGPT
+      column);
+    - *gate contributes*: removing the gate raises CO2 (CI above 0; the paper: +3.5%);
+    - *saving grows with session length*: CarbonRouter's saving over FairCarbon rises from all
+      sessions through every group with more than t turns (the paper: 15.3 → 23.1%).
+    """
+    from carbonrouter_lib import experiments
+
+    t1 = experiments.table1({p: runs[p] for p in experiments.MAIN_POLICIES}, n_boot=n_boot,
+                            seed=seed).set_index("policy")
+    paper = experiments.PAPER_TABLE1
+    paper = paper[paper["dataset"] == paper_dataset].set_index("policy")
+
+    def fmt(est: float, lo: float, hi: float) -> str:
+        return f"{est:.1f} [{lo:.1f}, {hi:.1f}]"
+
+    rows = [{"claim": "CarbonRouter has the lowest CO2",
+             "paper": f"{paper['co2_rel'].idxmin()} ({paper['co2_rel'].min():.3f})",
+             "ours": f"{t1['co2_rel'].idxmin()} ({t1['co2_rel'].min():.3f})",
+             "verdict": "holds" if t1["co2_rel"].idxmin() == "carbonrouter" else "fails"}]
+    for base in experiments.MAIN_POLICIES[:-1]:
+        r = t1.loc[base]
+        rows.append({"claim": f"saving over {base} (%)",
+                     "paper": f"{paper.loc[base, 'saving_pct']:.1f}",
+                     "ours": fmt(r.saving_pct, r.ci_low_pct, r.ci_high_pct),
+                     "verdict": "holds" if r.ci_low_pct > 0 else "fails"})
+    ttft = t1.loc[list(_TTFT_ORDER), "p95_ttft_s"]
+    rows.append({"claim": "P95 TTFT: SA ≤ CA ≤ CR ≤ FC ≤ GAR†",
+                 "paper": " / ".join(f"{v:.2f}" for v in paper.loc[list(_TTFT_ORDER),
+                                                                      "p95_ttft_s"]),
+                 "ours": " / ".join(f"{v:.2f}" for v in ttft),
+                 "verdict": "holds" if np.all(np.diff(ttft.to_numpy()) >= 0) else "fails"})
+    gate = metrics.paired_change_ci(runs["carbonrouter-no-gate"], runs["carbonrouter"],
+                                    n_boot=n_boot, seed=seed)
+    rows.append({"claim": "removing the gate raises CO2 (%)", "paper": "+3.5 [2.6, 4.6]",
+                 "ours": fmt(gate.estimate, gate.low, gate.high),
+                 "verdict": "holds" if gate.low > 0 else "fails"})
+    by_len = metrics.paired_by_session_length(runs["carbonrouter"], runs["faircarbon"],
+                                              thresholds=thresholds, n_boot=n_boot, seed=seed)
+    est = by_len["saving_pct"].dropna()
+    rows.append({"claim": "saving over FairCarbon grows with session length (%)",
+                 "paper": "15.3 / 16.6 / 19.8 / 23.1 (> 5 … > 30)",
+                 "ours": " / ".join(f"{v:.1f}" for v in est) + f" ({' … '.join(est.index)})",
+                 "verdict": "holds" if np.all(np.diff(est.to_numpy()) >= 0) else "fails"})
     return pd.DataFrame(rows)

@@ -522,7 +522,7 @@ def _run_distributed(
         elif client is None:
             cluster = stack.enter_context(LocalCluster(
                 n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=1,
-                processes=True, dashboard_address=None,
+                processes=True, dashboard_address=":0",
             ))
             client = stack.enter_context(Client(cluster))
         else:

@@ -4,10 +4,11 @@ here from the records with plain pandas)."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from test_simulator import ci_grid, conversation, make_table, run
 
-from carbonrouter_lib import experiments
+from carbonrouter_lib import experiments, metrics
 from carbonrouter_lib.policies import CarbonRouter
 
 
@@ -61,3 +62,14 @@ def test_ablations_by_session_length_use_each_group_own_sessions():
         assert rows.loc["carbonrouter-no-gate", "dco2_pct"] == pytest.approx(want, rel=1e-9)
         assert rows.loc["carbonrouter", "gate_blocked_per_session"] == pytest.approx(
             sub["carbonrouter"]["gate_blocked"].sum() / len(ids))
+
+
+def test_table1_from_run_summaries_equals_table1_from_records():
+    recs = _records()
+    summ = {p: metrics.RunSummary.from_records(r) for p, r in recs.items()}
+    assert list(metrics.summarize(recs["carbonrouter"]).index) == list(metrics.SUMMARY_METRICS)
+    a = experiments.table1(recs, n_boot=300, seed=4).set_index("policy")
+    b = experiments.table1(summ, n_boot=300, seed=4).set_index("policy")
+    pd.testing.assert_frame_equal(a, b, rtol=1e-12, check_dtype=False)
+    m1, m2 = experiments.mechanisms(recs), experiments.mechanisms(summ)
+    pd.testing.assert_frame_equal(m1, m2, check_dtype=False)
