@@ -237,3 +237,19 @@ def test_bad_rates_are_rejected(rate):
         prepared.WorkloadConfig(sessions_per_s=rate)
     with pytest.raises(ValueError, match="copies"):
         prepared.with_copies(SMALL, rate if rate != 0 else -2)
+
+
+def test_one_copy_replays_to_the_same_records_for_every_policy():
+    from carbonrouter_lib import experiments, simulator
+
+    cfg = prepared.WorkloadConfig(dataset="mooncake", max_conversations=120, seed=3)
+    plain = prepared.prepare_workload(cfg, use_cache=False)
+    one = prepared.prepare_workload(prepared.with_copies(cfg, 1), use_cache=False)
+    sim = simulator.SimulationConfig(regions=("GB", "BE"))
+    a = experiments.run_policies(plain, sim, [*experiments.MAIN_POLICIES[:-1],
+                                              "carbonrouter-no-gate"])
+    b = experiments.run_policies(one, sim, list(a))
+    for p in a:
+        pd.testing.assert_frame_equal(a[p], b[p])
+        # one copy: every session is its own conversation
+        assert (a[p]["conversation"] == a[p]["session"]).all()
