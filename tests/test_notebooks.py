@@ -54,3 +54,52 @@ def test_prepare_for_tests_injects_parameters(tmp_path):
         assert str(tmp_path / "fig") in src and str(tmp_path / "res") in src
         for name in table.get(path.name, {}):
             assert f"{name} = " in src
+
+
+# --- parameters, setup, the README table, the runner ------------------------------------------
+
+
+def test_parameters_are_parsed_with_defaults_and_comments():
+    p = notebooks.parameters("03_break_even")
+    assert p["ratio"].default == 0.5 and p["ratio"].comment.startswith("CI_B / CI_A")
+    assert p["settings"].default[0] == (0.05, 6.0)
+    assert p["figures_dir"].default is None
+    for nb in NOTEBOOKS:  # every notebook's defaults are literals papermill can override
+        assert {"figures_dir", "results_dir"} <= set(notebooks.parameters(nb))
+
+
+def test_setup_rejects_unknown_parameters_and_resolves_outputs_in_the_repository():
+    defaults = {k: p.default for k, p in notebooks.parameters("03_break_even").items()}
+    fig, res, at_defaults = notebooks.setup("03_break_even", dict(defaults))
+    assert fig == str(notebooks.REPO_DIR / "figures") and res == str(notebooks.REPO_DIR / "results")
+    assert at_defaults
+    fig, _, at_defaults = notebooks.setup("03_break_even", {**defaults, "ratio": 0.3,
+                                                            "figures_dir": "build/figs"})
+    assert fig == str(notebooks.REPO_DIR / "build" / "figs") and not at_defaults
+    # where the output goes does not change the results: still the default setting
+    assert notebooks.setup("03_break_even", {**defaults, "results_dir": "/tmp/x"})[2]
+    # a tuple default given back as a list (papermill's YAML) is the same value
+    assert notebooks.setup("03_break_even", {**defaults, "settings": [list(s) for s in
+                                                                      defaults["settings"]]})[2]
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['ration'\]"):
+        notebooks.setup("03_break_even", {**defaults, "ration": 0.3})
+
+
+def test_readme_lists_every_notebook_parameter():
+    text = notebooks.README.read_text()
+    assert notebooks.parameters_markdown() in text, (
+        "README's notebook parameters table is stale: run `python -m carbonrouter_lib.notebooks readme`")
+
+
+def test_runner_passes_parameters_and_rejects_unknown_ones(tmp_path, capsys):
+    code = notebooks._main(["run", "--only", "03_break", "-p", "ration", "0.3"])
+    assert code == 2 and "unknown parameter(s) ['ration']" in capsys.readouterr().err
+    times = notebooks.run_all(output_dir=tmp_path / "nb", figures_dir=tmp_path / "fig",
+                              results_dir=tmp_path / "res", only=["03_break"],
+                              params={"ratio": 0.3})
+    assert list(times) == ["03_break_even.ipynb"]
+    nb = json.loads((tmp_path / "nb" / "03_break_even.ipynb").read_text())
+    injected = next(c for c in nb["cells"]
+                    if "injected-parameters" in c["metadata"].get("tags", []))
+    assert "ratio = 0.3" in "".join(injected["source"])
+    assert (tmp_path / "fig" / "fig2c_break_even.png").is_file()
