@@ -729,11 +729,21 @@ class CarbonSignal:
             raise CarbonDataError("CarbonSignal: need at least 2 rows (or 1 row and an end)")
         if not index.is_unique or not index.is_monotonic_increasing:
             raise CarbonDataError("CarbonSignal: frame index must be unique and increasing")
-        values = frame.to_numpy(dtype=np.float64)
+        try:
+            values = frame.to_numpy(dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise CarbonDataError(f"CarbonSignal: values must be numbers (gCO2e/kWh): {exc}") \
+                from None
         if not np.isfinite(values).all():
             r, c = np.argwhere(~np.isfinite(values))[0]
             raise CarbonDataError(
                 f"CarbonSignal: non-finite value at {index[r]}, region {frame.columns[c]}"
+            )
+        if (values < 0).any():
+            r, c = np.argwhere(values < 0)[0]
+            raise CarbonDataError(
+                f"CarbonSignal: negative intensity {values[r, c]} gCO2e/kWh at {index[r]}, "
+                f"region {frame.columns[c]} ({int((values < 0).sum())} values)"
             )
         if end is None:
             end = index[-1] + (index[-1] - index[-2])

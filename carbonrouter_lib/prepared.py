@@ -147,6 +147,10 @@ class WorkloadConfig:
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
             raise ValueError(f"unknown dataset {self.dataset!r}: choose one of {DATASETS}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int | np.integer) or (
+            self.seed < 0
+        ):
+            raise ValueError(f"WorkloadConfig.seed must be an integer ≥ 0, got {self.seed!r}")
         for name in ("n_sessions", "max_conversations"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

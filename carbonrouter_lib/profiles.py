@@ -597,7 +597,7 @@ def validate_profiles(
     return result
 
 
-def load_measured_profiles(path: str | os.PathLike) -> pd.DataFrame:
+def load_measured_profiles(path: str | os.PathLike, complete: bool = True) -> pd.DataFrame:
     """Load an operator's measured profiles from a CSV file (schema of :func:`validate_profiles`).
 
     Parameters
@@ -606,6 +606,9 @@ def load_measured_profiles(path: str | os.PathLike) -> pd.DataFrame:
         CSV with a header row and at least the columns :data:`REQUIRED_COLUMNS` (energies in
         kWh/token, throughputs in tokens/s). A table written by ``analytical_profiles().to_csv(
         path, index=False)`` round-trips.
+    complete : bool
+        Require a row for every (model, GPU) pair of the models and GPUs the file names (a
+        replay deploys every model on every GPU type; default). False accepts any subset.
 
     Returns
     -------
@@ -630,6 +633,14 @@ def load_measured_profiles(path: str | os.PathLike) -> pd.DataFrame:
         raise ProfileError(f"{path}: not a readable CSV ({exc})") from exc
     # Line 1 is the header, so data row i sits on line i + 2 (messages point into the file).
     df = validate_profiles(raw, source=str(path), first_row=2, row_word="line")
+    if complete:
+        have = set(zip(df["model"], df["gpu"], strict=True))
+        models, gpus = dict.fromkeys(df["model"]), dict.fromkeys(df["gpu"])
+        missing = [(m, g) for m in models for g in gpus if (m, g) not in have]
+        if missing:
+            raise ProfileError(f"{path}: no row for the (model, GPU) pairs {missing}: a replay "
+                               f"deploys every model it names on every GPU type it names "
+                               f"(complete=False accepts a subset)")
     df.attrs["source"] = str(path)
     return df
 

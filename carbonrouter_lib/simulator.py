@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from time import perf_counter_ns
 
@@ -47,6 +48,7 @@ __all__ = [
     "SimulationResult",
     "backend_config",
     "simulate",
+    "check_table",
     "mean_context_tokens",
     "peak_active_sessions",
 ]
@@ -105,7 +107,22 @@ class SimulationConfig:
     instance_batch: int = 64
 
     def __post_init__(self) -> None:
-        if not self.c > 0:
+        regions = self.regions
+        if isinstance(regions, str) or not isinstance(regions, Sequence) or not regions or not all(
+            isinstance(r, str) and r for r in regions
+        ):
+            raise ValueError(f"SimulationConfig.regions must be a non-empty sequence of region "
+                             f"names such as ('AT', 'GB'), got {regions!r}")
+        object.__setattr__(self, "regions", tuple(regions))
+        y = self.carbon_year
+        if isinstance(y, bool) or not isinstance(y, int | np.integer):
+            raise ValueError(f"SimulationConfig.carbon_year must be an integer year, got {y!r}")
+        for name in ("c", "ttl_s", "beta_q", "d_ttft_s", "kappa", "gamma", "alpha"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float | np.number) or math.isnan(v):
+                raise ValueError(f"SimulationConfig.{name} must be a number, got {v!r}")
+            object.__setattr__(self, name, float(v))
+        if not (math.isfinite(self.c) and self.c > 0):
             raise ValueError(f"c must be > 0, got {self.c}")
         if self.kv_memory not in KV_MEMORY_RULES:
             raise ValueError(f"kv_memory must be one of {KV_MEMORY_RULES}, got "
@@ -211,6 +228,75 @@ _LOOP_FIELDS: tuple[tuple[str, type, str], ...] = tuple(
 )
 
 
+def _deployment_index(a: object, policy: Policy, row: int) -> int:
+    """A policy's choice as a deployment index, or a clear error (None, a float, a bool …)."""
+    if isinstance(a, int | np.integer) and not isinstance(a, bool | np.bool_):
+        return int(a)
+    shown = a.item() if isinstance(a, np.generic) else a
+    raise TypeError(f"{type(policy).__name__}.choose returned {shown!r} ({type(a).__name__}) for "
+                    f"row {row}: it must return a deployment index (an int with cand.mask[a])")
+
+
+def check_table(table: pd.DataFrame) -> None:
+    """Check that ``table`` can be replayed: the columns the simulator reads, integer session
+    ids ≥ 0 and turns 0, 1, 2, … grouped by session, ``n_turns`` per session, finite arrival
+    times in seconds (not milliseconds) and think times ≥ 0 s. ``ValueError`` naming the
+    column and the first bad row (token counts and quality are checked by
+    :class:`~carbonrouter_lib.policies.QueryBatch`)."""
+    if not isinstance(table, pd.DataFrame):
+        raise TypeError(f"simulate: table must be a pandas DataFrame (a prepared workload), got "
+                        f"{type(table).__name__}")
+    missing = [c for c in ("session", "turn", "n_turns", "arrival_s", "think_s")
+               if c not in table.columns]
+    if missing:
+        raise ValueError(f"simulate: the table lacks columns {missing} (a prepared workload: "
+                         f"carbonrouter_lib.prepared)")
+    if len(table) == 0:
+        raise ValueError("simulate: the table is empty")
+    for col in ("session", "turn", "n_turns"):
+        values = table[col]
+        if not pd.api.types.is_integer_dtype(values.dtype):
+            bad = next((i for i, v in enumerate(values.tolist())
+                        if isinstance(v, bool) or not isinstance(v, int | np.integer)), 0)
+            raise ValueError(f"simulate: column {col!r} must hold integers, got dtype "
+                             f"{values.dtype} (row {bad}: {values.iloc[bad]!r})")
+        neg = np.flatnonzero(values.to_numpy() < 0)
+        if neg.size:
+            raise ValueError(f"simulate: column {col!r} has negative values ({neg.size} rows; "
+                             f"first row {int(neg[0])}: {int(values.iloc[neg[0]])})")
+    session = table["session"].to_numpy(np.int64)
+    turn = table["turn"].to_numpy(np.int64)
+    n_turns = table["n_turns"].to_numpy(np.int64)
+    same = np.diff(session) == 0
+    if not (np.all(np.diff(session) >= 0) and np.all(turn[1:][same] == turn[:-1][same] + 1)):
+        raise ValueError("table rows must be grouped by session with turns 0, 1, 2, … in order")
+    first_row = np.flatnonzero(turn == 0)
+    if first_row.size == 0 or first_row[0] != 0:
+        raise ValueError("table must start with a session's turn 0 (rows grouped by session)")
+    rows_per_session = np.diff(np.append(first_row, len(table)))
+    bad = np.flatnonzero(n_turns[first_row] != rows_per_session)
+    if bad.size:
+        s0 = int(session[first_row[bad[0]]])
+        raise ValueError(f"session {s0}: n_turns = {int(n_turns[first_row[bad[0]]])} but it has "
+                         f"{int(rows_per_session[bad[0]])} rows ({bad.size} sessions disagree)")
+    arrival = table["arrival_s"].to_numpy(np.float64)[first_row]
+    if not np.isfinite(arrival).all():
+        r = int(first_row[~np.isfinite(arrival)][0])
+        raise ValueError(f"row {r} (session {int(session[r])}, turn 0): arrival_s is not finite")
+    if (arrival > 1e11).any():  # 1e11 s is the year 5138; 1e11 ms is 1973
+        r = int(first_row[np.argmax(arrival > 1e11)])
+        raise ValueError(f"row {r} (session {int(session[r])}): arrival_s = "
+                         f"{table['arrival_s'].iloc[r]:.0f} looks like milliseconds; arrival_s "
+                         f"is seconds since the Unix epoch")
+    think = table["think_s"].to_numpy(np.float64)
+    bad_think = ~np.isfinite(think) | (think < 0)
+    if bad_think.any():
+        r = int(np.argmax(bad_think))
+        raise ValueError(f"row {r} (session {int(session[r])}, turn {int(turn[r])}): think_s = "
+                         f"{float(think[r])!r}; think times must be finite and ≥ 0 s "
+                         f"({int(bad_think.sum())} rows)")
+
+
 def _records(rec: dict[str, np.ndarray], table: pd.DataFrame, deps: Deployments,
              batch: QueryBatch, signal: CarbonSignal, new: np.ndarray, hist: np.ndarray,
              out: np.ndarray, qual: np.ndarray) -> pd.DataFrame:
@@ -302,6 +388,12 @@ def simulate(
     """
     config = config or SimulationConfig()
     policy = make_policy(policy) if isinstance(policy, str) else policy
+    if not isinstance(policy, Policy):
+        raise TypeError(f"simulate: policy must be a Policy or a registry name, got "
+                        f"{type(policy).__name__}")
+    if type(policy).choose is Policy.choose:
+        raise TypeError(f"{type(policy).__name__} does not implement choose(ctx, cand)")
+    check_table(table)
     deps = config.deployments()
     signal = config.signal(signal)
     backend_cfg = backend or backend_config(table, config)
@@ -330,21 +422,7 @@ def simulate(
     out = prepared.model_matrix(table, "output_tokens").astype(np.float64)
     est = prepared.model_matrix(table, "est_output_tokens").astype(np.float64)
     qual = prepared.model_matrix(table, "quality").astype(np.float64)
-    if not (np.all(np.diff(session) >= 0) and np.all(turn[1:][np.diff(session) == 0]
-                                                     == turn[:-1][np.diff(session) == 0] + 1)):
-        raise ValueError("table rows must be grouped by session with turns 0, 1, 2, … in order")
     first_row = np.flatnonzero(turn == 0)
-    if n == 0 or first_row.size == 0 or first_row[0] != 0:
-        raise ValueError("table must start with a session's turn 0 (rows grouped by session)")
-    rows_per_session = np.diff(np.append(first_row, n))
-    bad = np.flatnonzero(n_turns[first_row] != rows_per_session)
-    if bad.size:
-        s0 = int(session[first_row[bad[0]]])
-        raise ValueError(f"session {s0}: n_turns = {int(n_turns[first_row[bad[0]]])} but it has "
-                         f"{int(rows_per_session[bad[0]])} rows ({bad.size} sessions disagree)")
-    if not np.isfinite(arrival[first_row]).all():
-        r = int(first_row[~np.isfinite(arrival[first_row])][0])
-        raise ValueError(f"row {r} (session {int(session[r])}, turn 0): arrival_s is not finite")
 
     # The loop reads scalars: Python lists and typed arrays are much faster to index, and
     # Python floats to do arithmetic on, than numpy scalars (the values, and so the results,
@@ -445,9 +523,11 @@ def simulate(
             c_rej[j] = True
             heappush(events, (t, i))
         else:
-            a = int(choose(ctx, cand))
+            a = choose(ctx, cand)
             if time_decisions:
                 dec_ns[j] = perf_counter_ns() - t_dec
+            if a.__class__ is not int:
+                a = _deployment_index(a, policy, i)
             if not (0 <= a < n_dep and cand.mask[a]):
                 raise RuntimeError(f"{policy.name} chose {a}, not a candidate (row {i})")
             policy.on_served(ctx, a)

@@ -514,3 +514,12 @@ def test_row_index_fast_path_equals_searchsorted():
     assert lo == stamps[10] and hi == stamps[11]
     with pytest.raises(ValueError):
         sig.row_index(stamps[0] - 1.0)
+
+
+def test_signal_rejects_negative_and_non_numeric_intensities():
+    idx = pd.date_range("2022-01-01", periods=3, freq="h", tz="UTC")
+    with pytest.raises(CarbonDataError, match=r"negative intensity -68.0 gCO2e/kWh at "
+                                              r"2022-01-01 01:00:00\+00:00, region GB"):
+        CarbonSignal(pd.DataFrame({"GB": [100.0, -68.0, 50.0]}, index=idx))
+    with pytest.raises(CarbonDataError, match="values must be numbers"):
+        CarbonSignal(pd.DataFrame({"GB": ["100", "x", "50"]}, index=idx))

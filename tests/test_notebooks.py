@@ -88,7 +88,8 @@ def test_setup_rejects_unknown_parameters_and_resolves_outputs_in_the_repository
 def test_readme_lists_every_notebook_parameter():
     text = notebooks.README.read_text()
     assert notebooks.parameters_markdown() in text, (
-        "README's notebook parameters table is stale: run `python -m carbonrouter_lib.notebooks readme`")
+        "README's notebook parameters table is stale: "
+        "run `python -m carbonrouter_lib.notebooks readme`")
 
 
 def test_runner_passes_parameters_and_rejects_unknown_ones(tmp_path, capsys):

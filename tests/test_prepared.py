@@ -253,3 +253,9 @@ def test_one_copy_replays_to_the_same_records_for_every_policy():
         pd.testing.assert_frame_equal(a[p], b[p])
         # one copy: every session is its own conversation
         assert (a[p]["conversation"] == a[p]["session"]).all()
+
+
+@pytest.mark.parametrize("seed", [-1, "abc", 1.5, True])
+def test_bad_seeds_are_rejected(seed):
+    with pytest.raises(ValueError, match="WorkloadConfig.seed must be an integer ≥ 0"):
+        prepared.WorkloadConfig(seed=seed)

@@ -245,7 +245,11 @@ def test_minimal_measured_file_fills_catalog_columns(tmp_path):
         "Llama-3.1-70B,A100,2e-7,1e-6,1e-8,5000,40\n"
         "Mistral-7B-v0.2,H100,5e-8,3e-7,0,9000,150\n"
     )
-    df = load_measured_profiles(path)
+    # two models on two GPU types, but not every pair: a replay could not deploy them
+    with pytest.raises(ProfileError, match=r"\('Llama-3.1-70B', 'H100'\), \('Mistral-7B-v0.2', "
+                                           r"'A100'\)"):
+        load_measured_profiles(path)
+    df = load_measured_profiles(path, complete=False)
     assert list(df["n_gpus"]) == [8, 1]
     assert list(df["context_window"]) == [131_072, 32_768]
     assert df["relative_energy"].tolist() == pytest.approx([1.0, 0.25])

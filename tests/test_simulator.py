@@ -27,7 +27,7 @@ from carbonrouter_lib import metrics, prepared
 from carbonrouter_lib.backend import BackendConfig
 from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.deployments import Deployments
-from carbonrouter_lib.policies import CarbonRouter
+from carbonrouter_lib.policies import CarbonRouter, Policy
 from carbonrouter_lib.profiles import MODELS, analytical_profiles, kv_tokens_per_instance
 from carbonrouter_lib.simulator import (
     SimulationConfig,
@@ -823,3 +823,84 @@ def test_kv_memory_rules():
                 {"instance_batch": 0}, {"instance_batch": 2.5}):
         with pytest.raises(ValueError):
             SimulationConfig(**bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Obscure input: clear errors at the public boundary
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"c": "0.5"}, "SimulationConfig.c must be a number, got '0.5'"),
+    ({"regions": "GB"}, "regions must be a non-empty sequence of region names"),
+    ({"regions": ("GB", 5)}, "regions must be a non-empty sequence"),
+    ({"regions": ()}, "regions must be a non-empty sequence"),
+    ({"carbon_year": "2022"}, "carbon_year must be an integer year"),
+    ({"kappa": float("nan")}, "kappa must be a number"),
+    ({"beta_q": True}, "beta_q must be a number"),
+])
+def test_simulation_config_rejects_obscure_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SimulationConfig(**kwargs)
+
+
+def test_simulation_config_normalizes_lists_and_ints():
+    cfg = SimulationConfig(regions=["A", "B"], c=1, kappa=6)
+    assert cfg.regions == ("A", "B") and cfg.c == 1.0 and isinstance(cfg.kappa, float)
+
+
+def _two_sessions():
+    return make_table([conversation(0.0, 3, think=50.0), conversation(20.0, 2, think=30.0)])
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda t: t.assign(think_s=t["think_s"].where(t.index != 2, -5.0)),
+     r"row 2 \(session 0, turn 2\): think_s = -5.0; think times must be finite and ≥ 0"),
+    (lambda t: t.assign(think_s=t["think_s"].where(t.index != 1, np.nan)),
+     r"row 1 \(session 0, turn 1\): think_s = nan"),
+    (lambda t: t.assign(session=t["session"].astype(str)),
+     r"column 'session' must hold integers, got dtype .* \(row 0: '0'\)"),
+    (lambda t: t.assign(session=t["session"] - 1),
+     r"column 'session' has negative values \(3 rows; first row 0: -1\)"),
+    (lambda t: t.assign(arrival_s=t["arrival_s"] * 1000),
+     r"row 0 \(session 0\): arrival_s = \d+ looks like milliseconds"),
+    (lambda t: t.drop(columns="think_s"), r"lacks columns \['think_s'\]"),
+])
+def test_simulate_rejects_bad_tables_naming_the_row(mutate, match):
+    with pytest.raises(ValueError, match=match):
+        run(mutate(_two_sessions()), "faircarbon", ci_grid(100, 200))
+
+
+class _Returns(Policy):
+    name = "returns"
+
+    def __init__(self, value):
+        self.value = value
+
+    def choose(self, ctx, cand):
+        return self.value
+
+
+class _NoChoose(Policy):
+    name = "no-choose"
+
+
+@pytest.mark.parametrize("value, match", [
+    (None, r"_Returns.choose returned None \(NoneType\) for row 0"),
+    (11.7, r"_Returns.choose returned 11.7 \(float\)"),
+    (True, r"_Returns.choose returned True \(bool\)"),
+    (np.float64(3.0), r"returned 3.0 \(float64\)"),
+])
+def test_a_policy_must_return_a_deployment_index(value, match):
+    with pytest.raises(TypeError, match=match):
+        run(_two_sessions(), _Returns(value), ci_grid(100, 200))
+    # numpy integers are indices too
+    chosen = run(_two_sessions(), "faircarbon", ci_grid(100, 200)).records["deployment"]
+    same = run(_two_sessions(), _Returns(np.int64(chosen.iloc[0])), ci_grid(100, 200))
+    assert same.records["deployment"].iloc[0] == chosen.iloc[0]
+
+
+def test_a_policy_without_choose_is_a_clear_error():
+    with pytest.raises(TypeError, match="_NoChoose does not implement choose"):
+        run(_two_sessions(), _NoChoose(), ci_grid(100, 200))
+    with pytest.raises(TypeError, match="policy must be a Policy or a registry name"):
+        run(_two_sessions(), object(), ci_grid(100, 200))

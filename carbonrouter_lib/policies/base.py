@@ -776,7 +776,7 @@ class Policy:
 
         Must return an index with ``cand.mask[a]`` True.
         """
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement choose(ctx, cand)")
 
     def on_session_start(self, ctx: QueryContext) -> None:
         """Called once at the session's first turn (k = 0), before feasibility and the decision,
