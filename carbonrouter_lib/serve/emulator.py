@@ -8,7 +8,8 @@ deployment as far as a router can tell:
   project's counting rule), cut into 16-token blocks identified by chained hashes (a block's
   hash covers every token before it), kept in LRU order within a capacity in tokens; a request
   reuses the longest run of cached leading blocks (never the whole prompt: its last token is
-  always computed, as vLLM does), then caches its prompt and its output;
+  always computed, as vLLM does), then caches its prompt and its output (a sequence longer than
+  the memory keeps its leading blocks);
 - **timing from the deployment's profile**: TTFT = uncached prompt tokens / v_pre, then the
   output at v_dec tokens/s (spec §4), divided by the clock's scale so that tests run fast;
 - ``usage.prompt_tokens_details.cached_tokens``; SSE streaming (``stream_options.
@@ -97,13 +98,23 @@ class PrefixCache:
         return hits * self.block
 
     def insert(self, root: str, ids: Sequence[int]) -> None:
-        """Cache every full block of ``ids`` (most recently used), evicting LRU blocks."""
-        for h in self._hashes(root, ids):
-            self._blocks[h] = None
-            self._blocks.move_to_end(h)
-        while len(self._blocks) > self.capacity_blocks:
-            self._blocks.popitem(last=False)
-            self.evicted_blocks += 1
+        """Cache the full blocks of ``ids`` in order (most recently used), evicting LRU blocks
+        of other sequences; a sequence never evicts its own blocks, so when it outgrows the
+        memory its leading blocks (the prefix that fits) stay."""
+        blocks = self._blocks
+        hashes = self._hashes(root, ids)
+        own = set(hashes)
+        for h in hashes:
+            if h in blocks:
+                blocks.move_to_end(h)
+                continue
+            if len(blocks) >= self.capacity_blocks:
+                victim = next(iter(blocks))  # own blocks were moved to the end: LRU is foreign
+                if victim in own:
+                    return
+                del blocks[victim]
+                self.evicted_blocks += 1
+            blocks[h] = None
 
     @property
     def used_tokens(self) -> int:

@@ -10,7 +10,8 @@ Endpoints
   last turn; see :data:`~carbonrouter_lib.serve.core.EXTENSION`) is read and not forwarded.
   Every response carries ``x-carbonrouter-deployment`` (the deployment id) and
   ``x-carbonrouter-gco2e`` (Ĉ(a), the estimated carbon at dispatch, Eq. 5); non-streaming
-  responses also ``x-carbonrouter-gco2e-realized`` (realized output, engine-reported cache).
+  responses also ``x-carbonrouter-gco2e-realized`` (realized output, engine-reported cache)
+  and ``x-carbonrouter-completion-s`` (when the router completes the turn, clock seconds).
 - ``GET /v1/models``, ``GET /healthz``, ``GET /metrics`` (Prometheus),
   ``GET /v1/carbonrouter/decisions`` (the decision records, no message text).
 
@@ -195,6 +196,7 @@ def create_app(core: RouterCore) -> FastAPI:
                               overhead_s=time.perf_counter() - t_in - engine_s)
             lock.release()
             headers["x-carbonrouter-gco2e-realized"] = f"{rec['carbon_g']:.6g}"
+            headers["x-carbonrouter-completion-s"] = repr(float(rec["completion_s"]))
             return JSONResponse(data, headers=headers)
         lock.release()
         return _error(502, f"the engines failed {len(tried)} times", "carbonrouter_bad_gateway")

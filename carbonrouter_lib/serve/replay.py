@@ -1,0 +1,254 @@
+"""Drive a prepared workload through the proxy with the ``openai`` client; compare with the
+simulator query by query.
+
+- :func:`grid_config`: a serve configuration with one (emulated) engine per deployment of a
+  :class:`~carbonrouter_lib.simulator.SimulationConfig` and the simulator's capacity, so that
+  the proxy and :func:`~carbonrouter_lib.simulator.simulate` route over the same deployments,
+  pools and carbon signal.
+- :func:`conversation_texts`: the ShareGPT texts of a prepared workload's turns (the emulated
+  engines answer each turn with the trace's response, so histories match the trace).
+- :func:`replay_stepwise`: the workload in the simulator's event order on a
+  :class:`~carbonrouter_lib.serve.clock.ManualClock` with modelled completions: one request at a
+  time, each at its simulated dispatch time. Decisions must equal the simulator's.
+- :func:`replay_live`: every session as its own asyncio task with the real ``openai`` client,
+  on a scaled clock, arrivals and think times divided by the scale; completions as observed.
+- :func:`compare_with_simulator`: agreement per query and where (and why) they differ.
+
+Requests carry the workload's predicted quality and output estimate in the ``carbonrouter``
+body field, the trace's response in ``emulator.response``, the session number in
+``X-Session-ID`` and ``last_turn`` on a session's last turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from carbonrouter_lib import prepared, sharegpt
+from carbonrouter_lib.profiles import MODELS
+from carbonrouter_lib.serve.config import ServeConfig, config_from_dict
+from carbonrouter_lib.simulator import SimulationConfig, backend_config
+
+__all__ = ["grid_config", "conversation_texts", "request_for", "replay_stepwise", "replay_live",
+           "compare_with_simulator", "overhead_summary"]
+
+
+def grid_config(sim: SimulationConfig, table: pd.DataFrame, ports: Sequence[int],
+                proxy_port: int = 0, **router: Any) -> ServeConfig:
+    """A serve configuration over the simulator's deployments (every model × GPU × region of
+    ``sim``, in its order), emulated on 127.0.0.1 ``ports`` (one per deployment), with the
+    simulator's capacity for ``table`` and replayed carbon; ``router`` fields override
+    :class:`~carbonrouter_lib.serve.config.RouterSpec`'s (e.g. ``completion="modelled"``)."""
+    deps = sim.deployments()
+    if len(ports) != deps.n:
+        raise ValueError(f"grid_config: {deps.n} deployments need {deps.n} ports, got "
+                         f"{len(ports)}")
+    cap = backend_config(table, sim)
+    entries = []
+    for a in range(deps.n):
+        m, g, r = (deps.models[deps.model[a]], deps.gpus[deps.gpu[a]],
+                   deps.regions[deps.region[a]])
+        entries.append({"id": f"{r}-{g}-{m}".lower(), "base_url": f"http://127.0.0.1:"
+                        f"{ports[a]}/v1", "model": m, "gpu": g, "region": r, "zone": r,
+                        "slots": cap.slots_per_pool, "kv_tokens": cap.kv_tokens_per_pool})
+    raw = {"port": proxy_port, "regions": list(sim.regions),
+           "profile_constants": {"kappa": sim.kappa, "gamma": sim.gamma, "alpha": sim.alpha},
+           "carbon": {"provider": "replay", "year": sim.carbon_year},
+           "router": {"beta_q": sim.beta_q, "d_ttft_s": sim.d_ttft_s, "ttl_s": sim.ttl_s,
+                      "session_idle_s": 10 * 86400.0, **router},
+           "deployments": entries}
+    return config_from_dict(raw, "<grid_config>")
+
+
+def conversation_texts(table: pd.DataFrame, max_conversations: int | None = None
+                       ) -> pd.DataFrame:
+    """``user_text`` and ``assistant_text`` of every row of a prepared ShareGPT workload (same
+    row order), from :func:`carbonrouter_lib.sharegpt.load_sharegpt_turns`."""
+    turns, _ = sharegpt.load_sharegpt_turns(max_conversations=max_conversations,
+                                            progress=False)
+    texts = turns[["conversation_id", "turn", "user_text", "assistant_text"]]
+    out = table[["conversation_id", "turn"]].merge(texts, on=["conversation_id", "turn"],
+                                                   how="left", validate="one_to_one")
+    if out["user_text"].isna().any():
+        raise ValueError("conversation_texts: some rows have no ShareGPT text (max_conversations "
+                         "smaller than the workload's?)")
+    return out[["user_text", "assistant_text"]].set_index(table.index)
+
+
+def request_for(table: pd.DataFrame, texts: pd.DataFrame, i: int) -> dict[str, Any]:
+    """Chat-completion keyword arguments of row ``i``: the conversation so far (trace texts),
+    its quality and output estimate per model, the trace's response for the emulator and the
+    session header."""
+    row = table.iloc[i]
+    k = int(row["turn"])
+    messages = []
+    for j in range(i - k, i + 1):
+        messages.append({"role": "user", "content": str(texts.iloc[j]["user_text"])})
+        if j < i:
+            messages.append({"role": "assistant", "content": str(texts.iloc[j]["assistant_text"])})
+    ext = {"quality": {m: float(row[prepared.column("quality", m)]) for m in MODELS},
+           "est_output_tokens": {m: float(row[prepared.column("est_output_tokens", m)])
+                                 for m in MODELS},
+           "last_turn": k == int(row["n_turns"]) - 1}
+    return {"model": "carbonrouter", "messages": messages,
+            "extra_body": {"carbonrouter": ext,
+                           "emulator": {"response": str(texts.iloc[i]["assistant_text"])}},
+            "extra_headers": {"X-Session-ID": str(int(row["session"]))}}
+
+
+def replay_stepwise(client, clock, table: pd.DataFrame, texts: pd.DataFrame) -> pd.DataFrame:
+    """Replay ``table`` one request at a time in the simulator's event order (see the module
+    docstring). ``client`` is a synchronous ``openai.OpenAI`` pointed at a proxy whose core runs
+    on ``clock`` (a ManualClock) with ``completion="modelled"``.
+
+    Returns one row per query: ``session``, ``turn``, ``dispatch_s``, ``deployment_id`` ("" when
+    rejected), ``est_gco2e`` (header) and ``completion_s``.
+    """
+    from openai import APIStatusError
+
+    n = len(table)
+    first = np.flatnonzero(table["turn"].to_numpy() == 0)
+    think = table["think_s"].to_numpy(dtype=float)
+    last = (table["turn"] == table["n_turns"] - 1).to_numpy()
+    events = [(float(table["arrival_s"].iloc[i]), int(i)) for i in first]
+    heapq.heapify(events)
+    rows = []
+    while events:
+        t, i = heapq.heappop(events)
+        clock.set(t)
+        try:
+            r = client.chat.completions.with_raw_response.create(**request_for(table, texts, i))
+            r.parse()
+            dep, est = r.headers["x-carbonrouter-deployment"], float(r.headers[
+                "x-carbonrouter-gco2e"])
+            done = float(r.headers["x-carbonrouter-completion-s"])
+        except APIStatusError as exc:
+            if exc.status_code != 503:
+                raise
+            dep, est, done = "", math.nan, t  # rejected: the session goes on (spec §6a.8)
+        rows.append({"session": int(table["session"].iloc[i]), "turn": int(table["turn"].iloc[i]),
+                     "dispatch_s": t, "deployment_id": dep, "est_gco2e": est,
+                     "completion_s": done})
+        if not last[i] and i + 1 < n:
+            heapq.heappush(events, (done + think[i + 1], i + 1))
+    return pd.DataFrame(rows)
+
+
+async def replay_live(base_url: str, table: pd.DataFrame, texts: pd.DataFrame, scale: float,
+                      start_s: float, stream_share: float = 0.0, timeout_s: float = 120.0,
+                      seed: int = 0) -> pd.DataFrame:
+    """Replay ``table`` with one asyncio task per session and the ``openai`` async client.
+
+    A session starts ``(arrival − start_s) / scale`` wall seconds after the call and sends each
+    next turn ``think / scale`` wall seconds after the previous response; a share
+    ``stream_share`` of the requests is streamed. Bounded: every request has ``timeout_s``.
+
+    Returns one row per request: ``session``, ``turn``, ``deployment_id`` ("" when refused),
+    ``status`` (200, or the HTTP error), ``est_gco2e``, ``latency_s`` (wall, client side) and
+    ``streamed``.
+    """
+    from openai import APIStatusError, AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=timeout_s)
+    rng = np.random.default_rng(seed)
+    streamed = rng.random(len(table)) < stream_share
+    think = table["think_s"].to_numpy(dtype=float)
+    t0 = time.monotonic()
+    out: list[dict] = []
+
+    async def one(i: int) -> None:
+        req = request_for(table, texts, i)
+        t = time.monotonic()
+        row = {"session": int(table["session"].iloc[i]), "turn": int(table["turn"].iloc[i]),
+               "deployment_id": "", "status": 200, "est_gco2e": math.nan,
+               "streamed": bool(streamed[i])}
+        try:
+            if streamed[i]:
+                async with client.chat.completions.with_streaming_response.create(
+                        stream=True, **req) as r:
+                    headers = r.headers
+                    async for _ in await r.parse():
+                        pass
+            else:
+                r = await client.chat.completions.with_raw_response.create(**req)
+                r.parse()
+                headers = r.headers
+            row["deployment_id"] = headers["x-carbonrouter-deployment"]
+            row["est_gco2e"] = float(headers["x-carbonrouter-gco2e"])
+        except APIStatusError as exc:
+            row["status"] = exc.status_code
+        row["latency_s"] = time.monotonic() - t
+        out.append(row)
+
+    async def session(rows: np.ndarray) -> None:
+        first = rows[0]
+        delay = (float(table["arrival_s"].iloc[first]) - start_s) / scale
+        await asyncio.sleep(max(0.0, delay - (time.monotonic() - t0)))
+        for j, i in enumerate(rows):
+            if j:
+                await asyncio.sleep(think[i] / scale)
+            await one(int(i))
+
+    groups = [np.flatnonzero(table["session"].to_numpy() == s)
+              for s in table["session"].unique()]
+    try:
+        await asyncio.gather(*(session(g) for g in groups))
+    finally:
+        await client.close()
+    return pd.DataFrame(out)
+
+
+def compare_with_simulator(sim_records: pd.DataFrame, proxy_records: pd.DataFrame
+                           ) -> pd.DataFrame:
+    """Query by query: the simulator's and the proxy's deployment, L(a), estimated and realized
+    carbon, and whether the decisions agree.
+
+    ``sim_records``: :func:`~carbonrouter_lib.simulator.simulate` records; ``proxy_records``:
+    the proxy's decision records (``RouterCore.decisions()``, served and rejected). Both are
+    keyed by (session, turn). Where they differ, ``why`` names the first input that differed:
+    ``cache`` (L(a) of the simulator's choice as the proxy saw it differs), ``rejected``, else
+    ``timing`` (dispatch time, and so carbon or availability, differed).
+    """
+    sim = sim_records[["session", "turn", "deployment", "dispatch_s", "cached_tokens",
+                       "est_carbon_g", "carbon_g", "rejected"]].rename(
+        columns=lambda c: c if c in ("session", "turn") else f"sim_{c}")
+    px = pd.DataFrame(proxy_records)
+    px = px.rename(columns={"deployment": "proxy_deployment", "dispatch_s": "proxy_dispatch_s",
+                            "cached": "proxy_cached_tokens", "est_carbon_g":
+                            "proxy_est_carbon_g", "carbon_g": "proxy_carbon_g",
+                            "engine_cached": "engine_cached_tokens",
+                            "rejected": "proxy_rejected"})
+    keep = ["session", "turn", "proxy_deployment", "proxy_dispatch_s", "proxy_cached_tokens",
+            "engine_cached_tokens", "proxy_est_carbon_g", "proxy_carbon_g", "proxy_rejected",
+            "decision_s", "overhead_s"]
+    px = px[[c for c in keep if c in px.columns]].drop_duplicates(["session", "turn"],
+                                                                     keep="last")
+    out = sim.merge(px, on=["session", "turn"], how="outer", validate="one_to_one",
+                    indicator=True)
+    out["agree"] = out["sim_deployment"] == out["proxy_deployment"]
+    why = np.where(out["agree"], "", "timing")
+    cache_diff = ~np.isclose(out["sim_cached_tokens"].fillna(0),
+                             out["proxy_cached_tokens"].fillna(0))
+    why = np.where(~out["agree"] & cache_diff, "cache", why)
+    why = np.where(~out["agree"] & (out["sim_rejected"] != out["proxy_rejected"]), "rejected",
+                   why)
+    why = np.where(out["_merge"] != "both", "missing", why)
+    out["why"] = why
+    return out.drop(columns="_merge")
+
+
+def overhead_summary(seconds: Sequence[float]) -> dict[str, float]:
+    """p50, p99 and mean of per-request times (s → ms), and their count."""
+    x = np.asarray(seconds, dtype=float)
+    x = x[np.isfinite(x)]
+    if not x.size:
+        return {"n": 0, "p50_ms": math.nan, "p99_ms": math.nan, "mean_ms": math.nan}
+    return {"n": int(x.size), "p50_ms": float(np.percentile(x, 50) * 1e3),
+            "p99_ms": float(np.percentile(x, 99) * 1e3), "mean_ms": float(x.mean() * 1e3)}
