@@ -227,10 +227,20 @@ def create_app(core: RouterCore) -> FastAPI:
         async def relay():
             parts: list[str] = []
             cached = None
-            finished = False
+            settled = False
+
+            def settle() -> None:  # before [DONE] reaches the client: its next turn may follow
+                nonlocal settled
+                settled = True
+                core.finish(turn, _count("".join(parts), spec.family), cached,
+                            overhead_s=pre_s)
+                lock.release()
+
             try:
                 async for line in resp.aiter_lines():
-                    if line.startswith("data: ") and line != "data: [DONE]":
+                    if line == "data: [DONE]":
+                        settle()
+                    elif line.startswith("data: "):
                         chunk = json.loads(line[6:])
                         for c in chunk.get("choices") or []:
                             parts.append((c.get("delta") or {}).get("content") or "")
@@ -241,15 +251,14 @@ def create_app(core: RouterCore) -> FastAPI:
                             if not wants_usage and not chunk.get("choices"):
                                 continue  # the usage-only chunk the client did not ask for
                     yield line + "\n"
-                finished = True
+                if not settled:  # an engine that closes the stream without [DONE]
+                    settle()
             finally:
                 await resp.aclose()
-                if finished:
-                    core.finish(turn, _count("".join(parts), spec.family), cached,
-                                overhead_s=pre_s)
-                else:  # the engine or the client broke off mid-stream
+                if not settled:  # the engine or the client broke off mid-stream
+                    settled = True
                     core.fail(turn, "stream", cooldown=False)
-                lock.release()
+                    lock.release()
 
         return StreamingResponse(relay(), media_type="text/event-stream", headers=headers)
 
