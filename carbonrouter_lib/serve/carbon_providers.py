@@ -104,6 +104,10 @@ class CarbonProvider(abc.ABC):
     async def fetch(self, zone: str, now: float) -> Reading:
         """The intensity of ``zone`` in force at ``now`` (s since the epoch), gCO2e/kWh."""
 
+    def peek(self, zone: str, now: float) -> Reading | None:
+        """The reading when it needs no I/O (a local replay), else None."""
+        return None
+
     async def aclose(self) -> None:  # noqa: B027 (optional hook: most providers hold nothing)
         """Release connections."""
 
@@ -151,11 +155,14 @@ class ReplayProvider(CarbonProvider):
         except ValueError as exc:
             raise ValueError(f"replay: {exc}") from None
 
-    async def fetch(self, zone: str, now: float) -> Reading:
+    def peek(self, zone: str, now: float) -> Reading:
         row = self.signal.row_index(now)  # raises outside the data's year
         value = float(self.signal.at(now)[self.signal.region_index(zone)])
         return Reading(zone, value, "average", False, self.signal.row_interval(row)[0],
                        self.name)
+
+    async def fetch(self, zone: str, now: float) -> Reading:
+        return self.peek(zone, now)
 
 
 class _HTTPProvider(CarbonProvider):
@@ -367,8 +374,28 @@ class CachedSignal:
         self.readings[zone] = out
         return out
 
+    def intensities_nowait(self, now: float) -> np.ndarray | None:
+        """:meth:`intensities` when no zone needs I/O (a replay, or values within the TTL),
+        else None. The proxy's hot path: an ``await`` on a busy event loop waits its turn."""
+        wall = self._wall()
+        out = np.empty(len(self.zones))
+        for i, z in enumerate(self.zones):
+            r = self.provider.peek(z, now)
+            if r is None:
+                last = self._last.get(z)
+                if not (self.provider.cacheable and last is not None
+                        and wall - last[0] <= self.ttl_s):
+                    return None
+                r = replace(last[1], source="cache")
+            self.readings[z] = r
+            out[i] = r.gco2_per_kwh
+        return out
+
     async def intensities(self, now: float) -> np.ndarray:
         """gCO2e/kWh of every region (the order of ``zones``) at ``now``."""
+        ready = self.intensities_nowait(now)
+        if ready is not None:
+            return ready
         readings = await asyncio.gather(*(self.reading(z, now) for z in dict.fromkeys(
             self.zones)))
         value = {r.zone: r.gco2_per_kwh for r in readings}

@@ -381,7 +381,9 @@ class RouterCore:
                     ) -> Turn | None:
         """Fetch the intensities and decide (:meth:`decide`)."""
         now = self.clock.now()
-        ci = await self.signal.intensities(now)
+        ci = self.signal.intensities_nowait(now)
+        if ci is None:
+            ci = await self.signal.intensities(now)
         for region, zone in zip(self.regions, self.config.zones, strict=True):
             reading = self.signal.readings.get(zone)
             if reading is not None:
@@ -501,9 +503,9 @@ class RouterCore:
         st.prev = a
         turn.done = True
         if self.config.router.completion == "modelled":
-            t_f = turn.dispatch_s + cost.service_time_s(n_new, n_hist, turn.cached,
-                                                        output_tokens, float(d.v_pre[a]),
-                                                        float(d.v_dec[a]))
+            # f = d + TTFT + N_out / v_dec, summed in the simulator's order (same floats)
+            t_f = (turn.dispatch_s + cost.ttft_s(n_new, n_hist, turn.cached, float(d.v_pre[a]))
+                   + output_tokens / float(d.v_dec[a]))
             self._push(t_f, 0, q.session, turn)
         else:
             self._complete(turn, max(now, self.backend.now))

@@ -119,11 +119,11 @@ def create_app(core: RouterCore) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        t_in = time.perf_counter()
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             return _error(400, "the body is not JSON", "invalid_request_error")
+        t_in = time.perf_counter()  # the router's own time starts with a received body
         if not isinstance(body, dict):
             return _error(400, "the body must be a JSON object", "invalid_request_error")
         ext = body.pop(EXTENSION, None)

@@ -37,7 +37,7 @@ from carbonrouter_lib.serve.config import ServeConfig, config_from_dict
 from carbonrouter_lib.simulator import SimulationConfig, backend_config
 
 __all__ = ["grid_config", "conversation_texts", "request_for", "replay_stepwise", "replay_live",
-           "compare_with_simulator", "overhead_summary"]
+           "load_test", "compare_with_simulator", "overhead_summary"]
 
 
 def grid_config(sim: SimulationConfig, table: pd.DataFrame, ports: Sequence[int],
@@ -200,6 +200,65 @@ async def replay_live(base_url: str, table: pd.DataFrame, texts: pd.DataFrame, s
               for s in table["session"].unique()]
     try:
         await asyncio.gather(*(session(g) for g in groups))
+    finally:
+        await client.close()
+    return pd.DataFrame(out)
+
+
+async def load_test(base_url: str, n_sessions: int = 200, turns: int = 5,
+                    stream_share: float = 0.2, max_tokens: int = 32, timeout_s: float = 60.0,
+                    deadline_s: float = 300.0, seed: int = 0) -> pd.DataFrame:
+    """A bounded load test: ``n_sessions`` concurrent sessions × ``turns`` turns, each turn sent
+    as soon as the previous response ends (``stream_share`` of them streamed), every request
+    with a ``timeout_s`` and the whole test within ``deadline_s`` (then the rest is cancelled
+    and counted as lost).
+
+    Returns one row per request sent: ``session``, ``turn``, ``status`` (200, an HTTP error, or
+    0 for a transport error or timeout), ``deployment_id``, ``latency_s`` (client side, wall)
+    and ``streamed``. A request never sent (the deadline) has no row: the caller compares the
+    count with ``n_sessions × turns``.
+    """
+    from openai import APIConnectionError, APIStatusError, AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=timeout_s)
+    rng = np.random.default_rng(seed)
+    out: list[dict] = []
+
+    async def session(s: int) -> None:
+        messages = [{"role": "user", "content": f"Session {s}: explain KV caches. " * 4}]
+        for k in range(turns):
+            streamed = bool(rng.random() < stream_share)
+            row = {"session": s, "turn": k, "status": 200, "deployment_id": "",
+                   "streamed": streamed}
+            t = time.monotonic()
+            kw = {"model": "carbonrouter", "messages": messages, "max_tokens": max_tokens,
+                  "extra_headers": {"X-Session-ID": f"load-{seed}-{s}"},
+                  "extra_body": {"carbonrouter": {"last_turn": k == turns - 1}}}
+            try:
+                if streamed:
+                    async with client.chat.completions.with_streaming_response.create(
+                            stream=True, **kw) as r:
+                        row["deployment_id"] = r.headers["x-carbonrouter-deployment"]
+                        text = "".join([c.choices[0].delta.content or ""
+                                        async for c in await r.parse() if c.choices])
+                else:
+                    r = await client.chat.completions.with_raw_response.create(**kw)
+                    row["deployment_id"] = r.headers["x-carbonrouter-deployment"]
+                    text = r.parse().choices[0].message.content
+            except APIStatusError as exc:
+                row["status"], text = exc.status_code, ""
+            except APIConnectionError:
+                row["status"], text = 0, ""
+            row["latency_s"] = time.monotonic() - t
+            out.append(row)
+            messages = [*messages, {"role": "assistant", "content": text},
+                        {"role": "user", "content": f"Turn {k + 1}: go on."}]
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(session(s) for s in range(n_sessions))),
+                               timeout=deadline_s)
+    except TimeoutError:
+        pass
     finally:
         await client.close()
     return pd.DataFrame(out)
