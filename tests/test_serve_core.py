@@ -70,3 +70,25 @@ def test_query_counts_tokens_like_the_prepared_workloads():
         core.query([], None)
     np.testing.assert_array_equal(core.declared.nonzero()[0],
                                   sorted(core.ids.values()))
+
+
+def test_make_serve_demo_smoke(capsys):
+    """``make serve``'s command on the embedded default (learned gate, replayed carbon), on free
+    ports, answers three-turn conversations and exits."""
+    from carbonrouter_lib.serve.__main__ import main
+
+    assert main(["demo", "--free-ports", "--smoke", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "OpenAI(base_url=" in out
+    routes = [line.split()[4] for line in out.splitlines() if line.startswith("session smoke-")]
+    assert len(routes) == 6 and set(routes) <= {d.id for d in load_config().deployments}
+
+
+def test_check_rejects_a_bad_file(tmp_path, capsys):
+    from carbonrouter_lib.serve.__main__ import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("deployments: [{id: a}]\n")
+    assert main(["check", "--config", str(bad)]) == 2
+    assert "deployments[0] (id 'a')" in capsys.readouterr().err
+    assert main(["check"]) == 0

@@ -91,10 +91,7 @@ def test_cache_estimate_against_the_engines(workload):
 def test_bounded_load_test_loses_no_request():
     cfg = load_config()
     ports = free_ports(len(cfg.deployments) + 1)
-    deps = [d.model_copy(update={"base_url": f"http://127.0.0.1:{p}/v1"})
-            for d, p in zip(cfg.deployments, ports, strict=False)]
-    router = cfg.router.model_copy(update={"gate": "none", "connect_timeout_s": 10.0})
-    cfg = cfg.model_copy(update={"deployments": deps, "router": router})
+    cfg = cfg.on_loopback(ports[:-1], ports[-1], gate="none", connect_timeout_s=10.0)
     core = RouterCore(cfg)
     with EmulatorCluster(cfg, scale=600), ServerThread([(create_app(core), ports[-1])]):
         df = asyncio.run(replay.load_test(f"http://127.0.0.1:{ports[-1]}/v1", n_sessions=40,

@@ -39,6 +39,11 @@ def _build(args: argparse.Namespace):
     from carbonrouter_lib.serve.proxy import create_app
 
     cfg = load_config(args.config)
+    if getattr(args, "free_ports", False):
+        from carbonrouter_lib.serve.emulator import free_ports
+
+        ports = free_ports(len(cfg.deployments) + 1)
+        cfg = cfg.on_loopback(ports[:-1], ports[-1])
     if args.port is not None:
         cfg = cfg.model_copy(update={"port": args.port})
     print(f"building the router ({cfg.router.policy}, gate {cfg.router.gate}) ...", flush=True)
@@ -80,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == "demo":
             p.add_argument("--smoke", type=int, default=0, metavar="N",
                            help="send N 3-turn conversations, print their routes, exit")
+            p.add_argument("--free-ports", action="store_true",
+                           help="engines and proxy on free 127.0.0.1 ports, not the file's")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 

@@ -330,6 +330,19 @@ class ServeConfig(_Strict):
         index = [grid.index(d.model, d.gpu, d.region) for d in self.deployments]
         return grid, index
 
+    def on_loopback(self, ports: list[int], proxy_port: int, **router: Any) -> ServeConfig:
+        """A copy whose engines listen on 127.0.0.1 ``ports`` (one per deployment, file order)
+        and whose proxy on ``proxy_port`` (emulated demos and tests); ``router`` fields
+        override :class:`RouterSpec`'s."""
+        if len(ports) != len(self.deployments):
+            raise ValueError(f"{len(self.deployments)} deployments need as many ports, got "
+                             f"{len(ports)}")
+        deps = [d.model_copy(update={"base_url": f"http://127.0.0.1:{p}/v1"})
+                for d, p in zip(self.deployments, ports, strict=True)]
+        return self.model_copy(update={"deployments": deps, "port": proxy_port, "host":
+                                       "127.0.0.1", "router": self.router.model_copy(
+                                           update=router)})
+
     def backend_config(self) -> BackendConfig:
         """Slots and KV tokens per pool and the TTL of the router's cache estimate."""
         d = self.deployments[0]

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -77,11 +78,11 @@ class PrefixCache:
 
     def _hashes(self, root: str, ids: Sequence[int]) -> list[bytes]:
         h = hashlib.blake2b(root.encode(), digest_size=16).digest()
+        data = np.asarray(ids, dtype="<u4").tobytes()
+        step = 4 * self.block
         out = []
         for i in range(len(ids) // self.block):
-            chunk = ids[i * self.block:(i + 1) * self.block]
-            h = hashlib.blake2b(h + b"".join(t.to_bytes(4, "little") for t in chunk),
-                                digest_size=16).digest()
+            h = hashlib.blake2b(h + data[i * step:(i + 1) * step], digest_size=16).digest()
             out.append(h)
         return out
 

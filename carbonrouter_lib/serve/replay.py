@@ -36,8 +36,9 @@ from carbonrouter_lib.profiles import MODELS
 from carbonrouter_lib.serve.config import ServeConfig, config_from_dict
 from carbonrouter_lib.simulator import SimulationConfig, backend_config
 
-__all__ = ["grid_config", "conversation_texts", "request_for", "replay_stepwise", "replay_live",
-           "load_test", "compare_with_simulator", "overhead_summary"]
+__all__ = ["grid_config", "conversation_texts", "request_for", "truncate_sessions",
+           "replay_stepwise", "replay_live", "load_test", "compare_with_simulator",
+           "overhead_summary"]
 
 
 def grid_config(sim: SimulationConfig, table: pd.DataFrame, ports: Sequence[int],
@@ -82,25 +83,49 @@ def conversation_texts(table: pd.DataFrame, max_conversations: int | None = None
     return out[["user_text", "assistant_text"]].set_index(table.index)
 
 
-def request_for(table: pd.DataFrame, texts: pd.DataFrame, i: int) -> dict[str, Any]:
-    """Chat-completion keyword arguments of row ``i``: the conversation so far (trace texts),
-    its quality and output estimate per model, the trace's response for the emulator and the
-    session header."""
-    row = table.iloc[i]
-    k = int(row["turn"])
+class _Trace:
+    """A workload's rows as Python lists (a request rebuilds its conversation from them)."""
+
+    def __init__(self, table: pd.DataFrame, texts: pd.DataFrame) -> None:
+        self.session = table["session"].astype(int).tolist()
+        self.turn = table["turn"].astype(int).tolist()
+        self.n_turns = table["n_turns"].astype(int).tolist()
+        self.user = texts["user_text"].astype(str).tolist()
+        self.assistant = texts["assistant_text"].astype(str).tolist()
+        self.quality = {m: table[prepared.column("quality", m)].astype(float).tolist()
+                        for m in MODELS}
+        self.est = {m: table[prepared.column("est_output_tokens", m)].astype(float).tolist()
+                    for m in MODELS}
+
+
+def request_for(trace: _Trace | tuple[pd.DataFrame, pd.DataFrame], i: int) -> dict[str, Any]:
+    """Chat-completion keyword arguments of row ``i`` of a workload (``(table, texts)`` or its
+    :class:`_Trace`): the conversation so far (trace texts), its quality and output estimate per
+    model, the trace's response for the emulator and the session header."""
+    t = trace if isinstance(trace, _Trace) else _Trace(*trace)
+    k = t.turn[i]
     messages = []
-    for j in range(i - k, i + 1):
-        messages.append({"role": "user", "content": str(texts.iloc[j]["user_text"])})
-        if j < i:
-            messages.append({"role": "assistant", "content": str(texts.iloc[j]["assistant_text"])})
-    ext = {"quality": {m: float(row[prepared.column("quality", m)]) for m in MODELS},
-           "est_output_tokens": {m: float(row[prepared.column("est_output_tokens", m)])
-                                 for m in MODELS},
-           "last_turn": k == int(row["n_turns"]) - 1}
+    for j in range(i - k, i):
+        messages += [{"role": "user", "content": t.user[j]},
+                     {"role": "assistant", "content": t.assistant[j]}]
+    messages.append({"role": "user", "content": t.user[i]})
+    ext = {"quality": {m: t.quality[m][i] for m in MODELS},
+           "est_output_tokens": {m: t.est[m][i] for m in MODELS},
+           "last_turn": k == t.n_turns[i] - 1}
     return {"model": "carbonrouter", "messages": messages,
-            "extra_body": {"carbonrouter": ext,
-                           "emulator": {"response": str(texts.iloc[i]["assistant_text"])}},
-            "extra_headers": {"X-Session-ID": str(int(row["session"]))}}
+            "extra_body": {"carbonrouter": ext, "emulator": {"response": t.assistant[i]}},
+            "extra_headers": {"X-Session-ID": str(t.session[i])}}
+
+
+def truncate_sessions(table: pd.DataFrame, max_turns: int) -> pd.DataFrame:
+    """The workload with every session cut after its first ``max_turns`` turns (``n_turns``
+    updated; the kept rows are unchanged): a live replay lasts as long as its longest session."""
+    if max_turns < 1:
+        raise ValueError(f"max_turns must be ≥ 1, got {max_turns}")
+    out = table[table["turn"] < max_turns].copy()
+    out["n_turns"] = np.minimum(out["n_turns"], max_turns)
+    out.attrs = dict(table.attrs)
+    return out.reset_index(drop=True)
 
 
 def replay_stepwise(client, clock, table: pd.DataFrame, texts: pd.DataFrame) -> pd.DataFrame:
@@ -119,12 +144,13 @@ def replay_stepwise(client, clock, table: pd.DataFrame, texts: pd.DataFrame) -> 
     last = (table["turn"] == table["n_turns"] - 1).to_numpy()
     events = [(float(table["arrival_s"].iloc[i]), int(i)) for i in first]
     heapq.heapify(events)
+    trace = _Trace(table, texts)
     rows = []
     while events:
         t, i = heapq.heappop(events)
         clock.set(t)
         try:
-            r = client.chat.completions.with_raw_response.create(**request_for(table, texts, i))
+            r = client.chat.completions.with_raw_response.create(**request_for(trace, i))
             r.parse()
             dep, est = r.headers["x-carbonrouter-deployment"], float(r.headers[
                 "x-carbonrouter-gco2e"])
@@ -133,22 +159,23 @@ def replay_stepwise(client, clock, table: pd.DataFrame, texts: pd.DataFrame) -> 
             if exc.status_code != 503:
                 raise
             dep, est, done = "", math.nan, t  # rejected: the session goes on (spec §6a.8)
-        rows.append({"session": int(table["session"].iloc[i]), "turn": int(table["turn"].iloc[i]),
-                     "dispatch_s": t, "deployment_id": dep, "est_gco2e": est,
-                     "completion_s": done})
+        rows.append({"session": trace.session[i], "turn": trace.turn[i], "dispatch_s": t,
+                     "deployment_id": dep, "est_gco2e": est, "completion_s": done})
         if not last[i] and i + 1 < n:
             heapq.heappush(events, (done + think[i + 1], i + 1))
     return pd.DataFrame(rows)
 
 
-async def replay_live(base_url: str, table: pd.DataFrame, texts: pd.DataFrame, scale: float,
-                      start_s: float, stream_share: float = 0.0, timeout_s: float = 120.0,
+async def replay_live(base_url: str, table: pd.DataFrame, texts: pd.DataFrame, clock,
+                      stream_share: float = 0.0, timeout_s: float = 120.0,
                       seed: int = 0) -> pd.DataFrame:
     """Replay ``table`` with one asyncio task per session and the ``openai`` async client.
 
-    A session starts ``(arrival − start_s) / scale`` wall seconds after the call and sends each
-    next turn ``think / scale`` wall seconds after the previous response; a share
-    ``stream_share`` of the requests is streamed. Bounded: every request has ``timeout_s``.
+    ``clock`` is the proxy's :class:`~carbonrouter_lib.serve.clock.ScaledClock`: a session
+    starts when it reads the session's arrival time, and sends each next turn ``think / scale``
+    wall seconds after the previous response; a share ``stream_share`` of the requests is
+    streamed. Bounded: every request has ``timeout_s``; the replay lasts about the workload's
+    span divided by the scale.
 
     Returns one row per request: ``session``, ``turn``, ``deployment_id`` ("" when refused),
     ``status`` (200, or the HTTP error), ``est_gco2e``, ``latency_s`` (wall, client side) and
@@ -160,13 +187,13 @@ async def replay_live(base_url: str, table: pd.DataFrame, texts: pd.DataFrame, s
     rng = np.random.default_rng(seed)
     streamed = rng.random(len(table)) < stream_share
     think = table["think_s"].to_numpy(dtype=float)
-    t0 = time.monotonic()
+    trace = _Trace(table, texts)
     out: list[dict] = []
 
     async def one(i: int) -> None:
-        req = request_for(table, texts, i)
+        req = request_for(trace, i)
         t = time.monotonic()
-        row = {"session": int(table["session"].iloc[i]), "turn": int(table["turn"].iloc[i]),
+        row = {"session": trace.session[i], "turn": trace.turn[i],
                "deployment_id": "", "status": 200, "est_gco2e": math.nan,
                "streamed": bool(streamed[i])}
         try:
@@ -188,12 +215,11 @@ async def replay_live(base_url: str, table: pd.DataFrame, texts: pd.DataFrame, s
         out.append(row)
 
     async def session(rows: np.ndarray) -> None:
-        first = rows[0]
-        delay = (float(table["arrival_s"].iloc[first]) - start_s) / scale
-        await asyncio.sleep(max(0.0, delay - (time.monotonic() - t0)))
+        arrival = float(table["arrival_s"].iloc[rows[0]])
+        await asyncio.sleep(max(0.0, (arrival - clock.now()) / clock.scale))
         for j, i in enumerate(rows):
             if j:
-                await asyncio.sleep(think[i] / scale)
+                await asyncio.sleep(think[i] / clock.scale)
             await one(int(i))
 
     groups = [np.flatnonzero(table["session"].to_numpy() == s)
