@@ -92,3 +92,10 @@ def test_check_rejects_a_bad_file(tmp_path, capsys):
     assert main(["check", "--config", str(bad)]) == 2
     assert "deployments[0] (id 'a')" in capsys.readouterr().err
     assert main(["check"]) == 0
+
+
+def test_replay_needs_a_virtual_clock():
+    cfg = load_config()
+    wall = cfg.model_copy(update={"clock": cfg.clock.model_copy(update={"start": None})})
+    with pytest.raises(ValueError, match="clock.start is required"):
+        RouterCore(wall)

@@ -209,6 +209,10 @@ class RouterCore:
         self.regions = d.regions
         if signal is None:
             spec = config.carbon
+            if spec.provider == "replay" and clock is None and config.clock.start is None:
+                raise ValueError(f"{config.source}: clock.start is required with carbon.provider "
+                                 f"'replay' (the wall clock is not in the carbon year "
+                                 f"{spec.year})")
             signal = CachedSignal(make_provider(spec, config.zones), config.zones, spec.ttl_s,
                                   spec.max_stale_s, spec.default_gco2_per_kwh)
         self.signal = signal
