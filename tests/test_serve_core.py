@@ -99,3 +99,21 @@ def test_replay_needs_a_virtual_clock():
     wall = cfg.model_copy(update={"clock": cfg.clock.model_copy(update={"start": None})})
     with pytest.raises(ValueError, match="clock.start is required"):
         RouterCore(wall)
+
+
+def test_prefix_cache_blocks_lru_and_prefix_kept():
+    from carbonrouter_lib.serve.emulator import PrefixCache
+
+    c = PrefixCache(capacity_tokens=64, block=16)  # 4 blocks
+    a = list(range(40))  # 2 full blocks
+    assert c.lookup("m", a) == 0
+    c.insert("m", a)
+    assert c.lookup("m", a) == 32 and c.lookup("m", a[:33]) == 32
+    assert c.lookup("m", a[:32]) == 16  # never the whole prompt: its last token is computed
+    assert c.lookup("other-model", a) == 0  # block hashes are chained from the model
+    assert c.lookup("m", [99] + a[1:]) == 0  # a different first token changes every hash
+    b = list(range(1000, 1048))  # 3 blocks: one of a's must go, its tail first
+    c.insert("m", b)
+    assert c.lookup("m", a) == 16 and c.lookup("m", b + [0]) == 48
+    c.insert("m", list(range(5000, 5160)))  # 10 blocks > memory: the 4 leading ones stay
+    assert c.lookup("m", list(range(5000, 5160))) == 64 and c.evicted_blocks == 1 + 4

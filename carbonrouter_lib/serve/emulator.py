@@ -6,10 +6,11 @@ deployment as far as a router can tell:
 - a **block-level prefix cache** (:class:`PrefixCache`): prompts are token ids (the
   deployment's tokenizer, each message's content encoded on its own and concatenated — the
   project's counting rule), cut into 16-token blocks identified by chained hashes (a block's
-  hash covers every token before it), kept in LRU order within a capacity in tokens; a request
-  reuses the longest run of cached leading blocks (never the whole prompt: its last token is
-  always computed, as vLLM does), then caches its prompt and its output (a sequence longer than
-  the memory keeps its leading blocks);
+  hash covers every token before it), kept in LRU order within a capacity in tokens (a
+  sequence's blocks are touched tail first, so its tail is evicted first and a prefix stays
+  usable, as in vLLM); a request reuses the longest run of cached leading blocks (never the
+  whole prompt: its last token is always computed, as vLLM does), then caches its prompt and its
+  output (a sequence longer than the memory keeps its leading blocks);
 - **timing from the deployment's profile**: TTFT = uncached prompt tokens / v_pre, then the
   output at v_dec tokens/s (spec §4), divided by the clock's scale so that tests run fast;
 - ``usage.prompt_tokens_details.cached_tokens``; SSE streaming (``stream_options.
@@ -94,14 +95,21 @@ class PrefixCache:
         for h in hashes:
             if h not in self._blocks:
                 break
-            self._blocks.move_to_end(h)
             hits += 1
+        self._touch(hashes[:hits])
         return hits * self.block
 
+    def _touch(self, hashes: Sequence[bytes]) -> None:
+        # Most recent use goes to a sequence's head, so that its tail is evicted first and a
+        # prefix stays usable (vLLM frees a request's blocks in reverse order for this reason).
+        for h in reversed(hashes):
+            if h in self._blocks:
+                self._blocks.move_to_end(h)
+
     def insert(self, root: str, ids: Sequence[int]) -> None:
-        """Cache the full blocks of ``ids`` in order (most recently used), evicting LRU blocks
-        of other sequences; a sequence never evicts its own blocks, so when it outgrows the
-        memory its leading blocks (the prefix that fits) stay."""
+        """Cache the full blocks of ``ids`` in order, evicting least recently used blocks of
+        other sequences; a sequence never evicts its own blocks, so when it outgrows the memory
+        its leading blocks (the prefix that fits) stay. Its head ends most recently used."""
         blocks = self._blocks
         hashes = self._hashes(root, ids)
         own = set(hashes)
@@ -112,10 +120,11 @@ class PrefixCache:
             if len(blocks) >= self.capacity_blocks:
                 victim = next(iter(blocks))  # own blocks were moved to the end: LRU is foreign
                 if victim in own:
-                    return
+                    break
                 del blocks[victim]
                 self.evicted_blocks += 1
             blocks[h] = None
+        self._touch(hashes)
 
     @property
     def used_tokens(self) -> int:
