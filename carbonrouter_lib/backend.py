@@ -352,29 +352,39 @@ class Backend:
             rec.version = self._version
         self._running[s] = a
         self._c["dispatches"] += 1
-        self._resize(p, rec, ctx)
+        delta = ctx - rec.tokens
+        if delta > 0:
+            missing = delta - (self._kv_cap - self._used[p])
+            if missing > 0:
+                freed = self._evict(p, missing)
+                if freed < missing:
+                    self._c["kv_overflow_events"] += 1
+                    self._c["kv_overflow_tokens"] += missing - freed
+                    delta -= missing - freed
+        rec.tokens += delta
+        self._used[p] += delta
 
     def correct(self, session: int, a: int, context_tokens: int, now: float) -> None:
         """Set the cache of ``session``'s running turn on ``a`` to ``context_tokens`` at ``now``
-        (s), before :meth:`complete`.
+        (s); the turn keeps running.
 
-        For a router that cannot know the realized output at dispatch: it dispatches the
-        *estimated* post-turn context and corrects it to the realized one when the response
-        ends (or, after a failed request, back to the cache's length before the turn). Growing
-        evicts idle caches of the pool as :meth:`dispatch` does (KV overflow counted);
-        shrinking frees the tokens. Raises ``ValueError`` if no turn of the session is running
-        on ``a`` or ``context_tokens`` < 0.
+        For a router that cannot know the realized output at dispatch (the proxy of
+        :mod:`carbonrouter_lib.serve`): it dispatches the *estimated* post-turn context and
+        corrects it to the realized one when the response ends (or, after a failed request, back
+        to the cache's length before the turn). It is the turn completing and the same turn
+        dispatched again at once with ``context_tokens``: growing evicts idle caches of the
+        pool as :meth:`dispatch` does (KV overflow counted), shrinking truncates; the slot and
+        the ``dispatches`` count do not change. Raises ``ValueError`` if no turn of the session
+        is running on ``a`` or ``context_tokens`` < 0.
         """
         s = operator.index(session)
-        a = operator.index(a)
-        ctx = operator.index(context_tokens)
-        if self._running.get(s) != a:
+        if self.running(s) != operator.index(a):
             raise ValueError(f"session {s} has no turn running on deployment {a}")
-        if ctx < 0:
-            raise ValueError(f"context_tokens must be ≥ 0, got {ctx}")
-        if now != self._now:  # advancing to the current time is a no-op
-            self.advance(now)
-        self._resize(self._pool_of[a], self._caches[s][a], ctx)
+        if operator.index(context_tokens) < 0:
+            raise ValueError(f"context_tokens must be ≥ 0, got {context_tokens}")
+        self.complete(s, a, now)
+        self.dispatch(s, a, now, context_tokens)
+        self._c["dispatches"] -= 1
 
     def complete(self, session: int, a: int, now: float) -> None:
         """The turn of ``session`` on ``a`` completes at ``now`` (s): its cache becomes idle
@@ -516,21 +526,6 @@ class Backend:
         del caches[a]
         if not caches:
             del self._caches[s]
-
-    def _resize(self, p: int, rec: _Cache, tokens: int) -> None:
-        """Set the pinned cache ``rec`` of pool ``p`` to ``tokens``: growing evicts idle caches
-        of the pool; what still does not fit is not stored (a KV overflow, counted)."""
-        delta = tokens - rec.tokens
-        if delta > 0:
-            missing = delta - (self._kv_cap - self._used[p])
-            if missing > 0:
-                freed = self._evict(p, missing)
-                if freed < missing:
-                    self._c["kv_overflow_events"] += 1
-                    self._c["kv_overflow_tokens"] += missing - freed
-                    delta -= missing - freed
-        rec.tokens += delta
-        self._used[p] += delta
 
     def _evict(self, p: int, missing: int) -> int:
         """Free up to ``missing`` tokens from idle caches of pool ``p``; return tokens freed."""
