@@ -213,3 +213,19 @@ def test_endpoints_bad_requests_and_no_text_in_logs(stack, caplog):
     assert h["x-carbonrouter-deployment"]
     assert secret not in caplog.text
     assert all(secret not in str(d) for d in stack.core.decisions())
+
+
+def test_a_failing_carbon_provider_degrades_to_the_default_and_shows_in_metrics():
+    class Down(StaticProvider):
+        async def fetch(self, zone, now):
+            raise OSError("provider down")
+
+    with Stack() as s:
+        s.core.signal = CachedSignal(Down({}), s.cfg.zones, max_stale_s=0,
+                                     default_gco2_per_kwh={"GB": 300.0, "BE": 100.0})
+        h, _ = s.ask("d", [{"role": "user", "content": "hello"}])
+        assert h["x-carbonrouter-deployment"] == "be-h100"  # the defaults' cleaner region
+        metrics = httpx.get(s.url + "/metrics").text
+        assert 'carbonrouter_carbon_signal_failures_total{zone="BE"} 1.0' in metrics
+        assert 'kind="unknown",provider="static",region="GB",source="default",zone="GB"} 300.0' \
+            in metrics

@@ -228,6 +228,7 @@ class RouterCore:
         self._families = [self._family(m) for m in d.models]
         self._q_default = np.array([rc.quality.get(m, 1.0) for m in d.models])
         self._cool_until = np.zeros(d.n)
+        self._failures_seen: dict[str, int] = {}
         self._sessions: dict[int, _Session] = {}
         self._events: list[tuple] = []  # (time, seq, kind, session, arg)
         self._seq = 0
@@ -392,6 +393,11 @@ class RouterCore:
             reading = self.signal.readings.get(zone)
             if reading is not None:
                 self.metrics.set_reading(region, reading)
+        for zone, n in self.signal.failures.items():
+            new = n - self._failures_seen.get(zone, 0)
+            if new:
+                self.metrics.signal_failures.labels(zone).inc(new)
+                self._failures_seen[zone] = n
         return self.decide(q, ci, self.clock.now(), exclude, attempt)
 
     def decide(self, q: Query, ci: np.ndarray, now: float, exclude: Iterable[int] = (),
