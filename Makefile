@@ -1,6 +1,7 @@
 # carbonrouter — the two commands of the README:
 #   make reproduce   create .venv, install pinned deps, fetch + verify data, execute every notebook
 #   make test        create/update .venv, ruff, pytest (unit + property), nbval on small parameters
+#   make serve       emulated engines + the CarbonRouter proxy on 127.0.0.1 (Ctrl-C stops)
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3
@@ -10,7 +11,7 @@ STAMP := $(VENV)/.installed
 NBVAL_DIR := build/nbval
 PYTEST_WORKERS ?= 2
 
-.PHONY: reproduce test env data lint unit nbval benchmarks clean strip
+.PHONY: reproduce test env data lint unit nbval benchmarks clean strip serve
 
 reproduce: env data
 	$(BIN)/python -m carbonrouter_lib.notebooks run
@@ -40,6 +41,13 @@ unit: env
 nbval: env
 	$(BIN)/python -m carbonrouter_lib.notebooks prepare-tests $(NBVAL_DIR)
 	$(BIN)/python -m pytest --nbval-lax $(NBVAL_DIR) -n $(PYTEST_WORKERS) --dist loadfile -q -p no:cacheprovider
+
+# The routing proxy on the embedded default (serve/default.yaml): nine emulated engines in three
+# regions, replayed carbon, the proxy on 127.0.0.1:$(SERVE_PORT). SERVE_CONFIG=my.yaml for another file.
+SERVE_PORT ?= 8000
+SERVE_CONFIG ?=
+serve: env data
+	$(BIN)/python -m carbonrouter_lib.serve demo --port $(SERVE_PORT) $(if $(SERVE_CONFIG),--config $(SERVE_CONFIG))
 
 # CPU benchmarks; benchmarks/gpu_profile.py needs an NVIDIA GPU (or --tiny for a CPU dry run).
 benchmarks: env

@@ -416,6 +416,28 @@ class Backend:
         rec.tokens += delta
         self._used[kp] += delta
 
+    def correct(self, session: int, a: int, context_tokens: int, now: float) -> None:
+        """Set the cache of ``session``'s running turn on ``a`` to ``context_tokens`` at ``now``
+        (s); the turn keeps running.
+
+        For a router that cannot know the realized output at dispatch (the proxy of
+        :mod:`carbonrouter_lib.serve`): it dispatches the *estimated* post-turn context and
+        corrects it to the realized one when the response ends (or, after a failed request, back
+        to the cache's length before the turn). It is the turn completing and the same turn
+        dispatched again at once with ``context_tokens``: growing evicts idle caches of the
+        pool as :meth:`dispatch` does (KV overflow counted), shrinking truncates; the slot and
+        the ``dispatches`` count do not change. Raises ``ValueError`` if no turn of the session
+        is running on ``a`` or ``context_tokens`` < 0.
+        """
+        s = operator.index(session)
+        if self.running(s) != operator.index(a):
+            raise ValueError(f"session {s} has no turn running on deployment {a}")
+        if operator.index(context_tokens) < 0:
+            raise ValueError(f"context_tokens must be ≥ 0, got {context_tokens}")
+        self.complete(s, a, now)
+        self.dispatch(s, a, now, context_tokens)
+        self._c["dispatches"] -= 1
+
     def complete(self, session: int, a: int, now: float) -> None:
         """The turn of ``session`` on ``a`` completes at ``now`` (s): its cache becomes idle
         with ``f_last = now`` (removed at once if it holds 0 tokens)."""
