@@ -1,0 +1,189 @@
+"""Carbon-intensity forecasts made at a time from the data up to that time.
+
+A router that prices the *rest* of a session needs the intensity of every region over the next
+hours. A forecaster made at time ``now`` may read the signal at times ≤ ``now`` only — the
+history a live service has — and predicts the intensity ``lead`` grid steps ahead. Three kinds,
+each behind :class:`Forecaster` (``predict(row, leads) -> (n_regions, len(leads))``):
+
+- :class:`Persistence` — the current value: I(now + ℓ) = I(now).
+- :class:`SameHourYesterday` — the value at the same time of day on the latest day that is
+  already known: I(now + ℓ − 24 h · ⌈ℓ / 24 h⌉) (seasonal naive; ℓ ≤ 0 gives the current value).
+- :class:`Blend` — a small model fitted on past weeks: per region and lead, I(now) + w_ℓ ·
+  (same-hour-yesterday − I(now)), with the weight w_ℓ ∈ [0, 1] that minimizes the squared error
+  over the ``fit_days`` days before the current day (refitted each day from the forecasts whose
+  targets are already known; persistence until a day of history exists).
+
+Forecasts are made on the signal's grid (5-minute steps, values held over a step): the time
+``now`` enters as its grid row and a lead as a whole number of steps, so a forecaster can be
+cached per row. :func:`forecast_errors` measures a forecaster's error by lead on a span of the
+signal. Units: gCO2e/kWh, steps of the signal's grid, seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from carbonrouter_lib.carbon import CarbonSignal
+
+__all__ = ["FORECASTERS", "Forecaster", "Persistence", "SameHourYesterday", "Blend",
+           "make_forecaster", "forecast_errors"]
+
+_DAY_S = 86_400.0
+
+
+class Forecaster:
+    """Forecasts of every region's intensity from the data up to a grid row (see the module).
+
+    Parameters
+    ----------
+    signal
+        The carbon signal (only its rows ≤ the forecast's row are read).
+    """
+
+    name = ""
+
+    def __init__(self, signal: CarbonSignal) -> None:
+        t = signal.frame.index.asi8 / 1e9
+        steps = np.diff(t)
+        if len(steps) == 0 or not np.allclose(steps, steps[0]):
+            raise ValueError("Forecaster: the signal must be on a regular grid")
+        self.signal = signal
+        self.step_s = float(steps[0])
+        self.day_steps = int(round(_DAY_S / self.step_s))
+        self._values = signal.frame.to_numpy(np.float64)
+
+    def row(self, t: float) -> int:
+        """The grid row in force at ``t`` (s since the Unix epoch)."""
+        return self.signal.row_index(t)
+
+    def leads(self, lead_s: Sequence[float] | np.ndarray) -> np.ndarray:
+        """Leads in seconds as whole grid steps (nearest, ≥ 0)."""
+        return np.maximum(np.rint(np.asarray(lead_s, np.float64) / self.step_s), 0).astype(
+            np.int64)
+
+    def predict(self, row: int, leads: np.ndarray) -> np.ndarray:
+        """Forecast made at grid row ``row`` for ``leads`` steps ahead: (n_regions, len(leads)),
+        gCO2e/kWh, reading rows ≤ ``row`` only."""
+        raise NotImplementedError
+
+    def _past(self, rows: np.ndarray, row: int) -> np.ndarray:
+        """Values (n_regions, len(rows)) at rows that must not be after ``row``."""
+        if np.any(rows > row):
+            raise AssertionError("a forecast read the future")  # guards the implementations
+        return self._values[np.maximum(rows, 0)].T
+
+    def _yesterday_rows(self, row: int, leads: np.ndarray) -> np.ndarray:
+        days = np.where(leads > 0, -(-leads // self.day_steps), 0)
+        return row + leads - days * self.day_steps
+
+
+class Persistence(Forecaster):
+    """I(now + ℓ) = I(now)."""
+
+    name = "persistence"
+
+    def predict(self, row: int, leads: np.ndarray) -> np.ndarray:
+        return np.repeat(self._past(np.array([row]), row), len(leads), axis=1)
+
+
+class SameHourYesterday(Forecaster):
+    """I(now + ℓ) = I at the same time of day on the latest day already known."""
+
+    name = "same-hour-yesterday"
+
+    def predict(self, row: int, leads: np.ndarray) -> np.ndarray:
+        return self._past(self._yesterday_rows(row, np.asarray(leads)), row)
+
+
+class Blend(Forecaster):
+    """I(now) + w_ℓ,r · (same-hour-yesterday − I(now)), per region r and lead ℓ, with w fitted by
+    least squares (clipped to [0, 1]) on the ``fit_days`` days before the forecast's day — only
+    on forecasts whose targets are before that day's start, so it reads the past only; refitted
+    once a day (cached). Leads beyond ``max_lead_steps`` use the last weight; with less than a day
+    of history w = 0 (persistence)."""
+
+    name = "blend"
+
+    def __init__(self, signal: CarbonSignal, fit_days: float = 28.0,
+                 max_lead_steps: int = 288) -> None:
+        super().__init__(signal)
+        self.fit_steps = int(round(fit_days * self.day_steps))
+        self.max_lead = int(max_lead_steps)
+        self._weights: dict[int, np.ndarray] = {}
+
+    def weights(self, day_start: int) -> np.ndarray:
+        """(n_regions, max_lead + 1) weights fitted on the rows before ``day_start``."""
+        w = self._weights.get(day_start)
+        if w is not None:
+            return w
+        v = self._values[:day_start]  # the fit reads nothing at or after the day's start
+        start = max(0, day_start - self.fit_steps)
+        w = np.zeros((self._values.shape[1], self.max_lead + 1))
+        for lead in range(1, self.max_lead + 1):
+            days = -(-lead // self.day_steps)
+            first = max(start, days * self.day_steps - lead)
+            origins = np.arange(first, day_start - lead)
+            if len(origins) < 2:
+                continue
+            now = v[origins]
+            x = v[origins + lead - days * self.day_steps] - now
+            y = v[origins + lead] - now
+            den = (x * x).sum(axis=0)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                w[:, lead] = np.clip(np.where(den > 0, (x * y).sum(axis=0) / den, 0.0), 0, 1)
+        self._weights[day_start] = w
+        return w
+
+    def predict(self, row: int, leads: np.ndarray) -> np.ndarray:
+        leads = np.asarray(leads)
+        now = self._past(np.array([row]), row)
+        yday = self._past(self._yesterday_rows(row, leads), row)
+        w = self.weights(row - row % self.day_steps)[:, np.minimum(leads, self.max_lead)]
+        return now + w * (yday - now)
+
+
+#: Forecaster names (:func:`make_forecaster`).
+FORECASTERS: tuple[str, ...] = ("persistence", "same-hour-yesterday", "blend")
+
+
+def make_forecaster(name: str, signal: CarbonSignal) -> Forecaster:
+    """The forecaster ``name`` (:data:`FORECASTERS`) on ``signal``."""
+    kinds = {"persistence": Persistence, "same-hour-yesterday": SameHourYesterday,
+             "blend": Blend}
+    if name not in kinds:
+        raise KeyError(f"unknown forecaster {name!r}; one of {FORECASTERS}")
+    return kinds[name](signal)
+
+
+def forecast_errors(forecaster: Forecaster, start: float, end: float,
+                    lead_hours: Sequence[float] = (0.5, 1, 2, 4, 8, 12, 24),
+                    every_s: float = 3600.0) -> pd.DataFrame:
+    """Mean absolute error (gCO2e/kWh) and error relative to the mean intensity, per region and
+    lead, of forecasts made every ``every_s`` seconds in [start, end) (s since the Unix epoch),
+    each scored against the signal at its target time."""
+    leads = forecaster.leads(np.asarray(lead_hours) * 3600.0)
+    rows = []
+    origins = np.arange(start, end, every_s)
+    n_rows = len(forecaster._values)
+    errs = np.zeros((len(forecaster.signal.regions), len(leads)))
+    count = np.zeros(len(leads))
+    level = np.zeros(len(forecaster.signal.regions))
+    for t in origins:
+        r = forecaster.row(float(t))
+        fc = forecaster.predict(r, leads)
+        ok = r + leads < n_rows
+        target = forecaster._values[np.minimum(r + leads, n_rows - 1)].T
+        errs[:, ok] += np.abs(fc - target)[:, ok]
+        count[ok] += 1
+        level += forecaster._values[r]
+    level /= max(len(origins), 1)
+    for i, region in enumerate(forecaster.signal.regions):
+        for j, h in enumerate(lead_hours):
+            mae = errs[i, j] / count[j] if count[j] else math.nan
+            rows.append({"forecaster": forecaster.name, "region": region, "lead_h": float(h),
+                         "mae_g_per_kwh": mae, "relative_mae": mae / level[i]})
+    return pd.DataFrame(rows)
