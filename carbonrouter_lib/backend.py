@@ -290,7 +290,8 @@ class Backend:
         # counters
         self._c = dict.fromkeys(
             ("evicted_tokens", "evicted_caches", "expired_tokens", "expired_caches",
-             "kv_overflow_events", "kv_overflow_tokens", "dispatches"), 0)
+             "kv_overflow_events", "kv_overflow_tokens", "dispatches", "released_caches",
+             "released_tokens"), 0)
 
     # -----------------------------------------------------------------------------------------
     # time
@@ -437,6 +438,23 @@ class Backend:
         self.complete(s, a, now)
         self.dispatch(s, a, now, context_tokens)
         self._c["dispatches"] -= 1
+
+    def release(self, session: int, a: int, now: float) -> int:
+        """Drop ``session``'s idle cache at ``a`` at ``now`` (s), e.g. the one it left behind by
+        moving elsewhere, so that it stops crowding other sessions' caches; returns the tokens
+        freed (0 where there is none). Raises ``ValueError`` for a running turn's cache."""
+        s, a = operator.index(session), operator.index(a)
+        if now != self._now:
+            self.advance(now)
+        rec = self._caches.get(s, {}).get(a)
+        if rec is None:
+            return 0
+        if rec.pinned:
+            raise ValueError(f"session {s}: the cache on deployment {a} belongs to a running turn")
+        self._c["released_caches"] += 1
+        self._c["released_tokens"] += rec.tokens
+        self._remove(s, a, rec)  # its queue entries go stale: the cache is gone
+        return rec.tokens
 
     def complete(self, session: int, a: int, now: float) -> None:
         """The turn of ``session`` on ``a`` completes at ``now`` (s): its cache becomes idle

@@ -408,6 +408,10 @@ def simulate(
         else:
             policy.set_gate(gates.ensure_gate(None, config, policy.pricing, policy.gate_training,
                                               table=table, signal=signal, backend=backend_cfg))
+    if getattr(policy, "needs_model", False):
+        from carbonrouter_lib.policies import fit_horizon_model
+
+        policy.set_model(fit_horizon_model(table, config.beta_q, config.ttl_s, policy.horizon))
     be = Backend(deps, backend_cfg)
     constraints = config.constraints()
 
@@ -450,6 +454,7 @@ def simulate(
     dec_ns = np.full(n, -1, np.int64) if time_decisions else None
     prev_served = {}  # session -> deployment of its previous served turn
     is_ccar = isinstance(policy, CarbonRouter)
+    releases = policy.releases_caches
     # Carbon intensity: the grid row in force ([ci_from, ci_until), s).
     ci_from, ci_until = math.inf, -math.inf
     heappush, heappop = heapq.heappush, heapq.heappop
@@ -544,6 +549,9 @@ def simulate(
                 c_block[j] = a == prev and policy.last_proposal != prev
             served_on[i] = a
             be.dispatch(s, a, t, int(n_hist + n_new + n_out))
+            if releases:
+                for b in policy.released(ctx, a):
+                    be.release(s, b, t)
             prev_served[s] = a
             heappush(events, (done_at, i))
         if bar is not None:

@@ -43,6 +43,7 @@ from carbonrouter_lib.policies.carbonrouter import (
     CarbonRouterOracleGate,
     Gate,
 )
+from carbonrouter_lib.policies.horizon import HorizonModel, HorizonRouter, fit_horizon_model
 from carbonrouter_lib.policies.oblivious import FairCarbon, GARDagger
 
 __all__ = [
@@ -63,6 +64,9 @@ __all__ = [
     "CarbonRouterNoPricing",
     "CarbonRouterOracleGate",
     "Gate",
+    "HorizonModel",
+    "HorizonRouter",
+    "fit_horizon_model",
     "LEARNED",
     "ORACLE",
 ]
@@ -77,6 +81,7 @@ POLICIES: dict[str, type[Policy]] = {
     "carbonrouter-no-gate": CarbonRouterNoGate,
     "carbonrouter-no-pricing": CarbonRouterNoPricing,
     "carbonrouter-oracle-gate": CarbonRouterOracleGate,
+    "carbonrouter-horizon": HorizonRouter,
 }
 
 

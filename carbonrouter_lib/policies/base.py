@@ -788,6 +788,15 @@ class Policy:
     def on_session_end(self, session: int) -> None:
         """Called when the session leaves (its last turn completed or was rejected)."""
 
+    #: Whether :meth:`released` may name caches to drop (the simulator asks only then).
+    releases_caches: bool = False
+
+    def released(self, ctx: QueryContext, a: int) -> tuple[int, ...]:
+        """Deployments whose cache of this session the backend should drop once the query is
+        dispatched on ``a`` (a hint a backend may honour; default none). Only read when
+        :attr:`releases_caches` is True."""
+        return ()
+
     def params(self) -> dict:
         """The policy's parameters (JSON-friendly), recorded with results."""
         return {}

@@ -1,0 +1,362 @@
+"""Horizon pricing: route each query to the deployment with the least expected carbon of the
+*rest of the session* (beyond the paper).
+
+CarbonRouter's proposal prices one turn: Ĉ_k(a) = CI_r(d)·E_k(a) with Eq. 4's E_k(a) =
+e_in·(N_new + N_hist − L(a)) + e_cache·L(a) + e_out·N̂_out. A cache's value, though, accrues over
+every *remaining* turn — if the cache survives — and a region's advantage lasts only as long as
+its intensity does. The horizon router adds, for each candidate a, the expected carbon of the
+session's future turns if it stays on a:
+
+    H(a) = Ĉ_k(a) + Σ_{j=1..J} S_k(j) · [q_m·(p_a·C⁺_j(a) + (1 − p_a)·C⁻_j(a)) + (1 − q_m)·M_j(m)]
+
+- S_k(j) = P(K > k + j | K > k): the chance the session (K turns, 0-based turn k now) reaches
+  turn k + j, from the session lengths of *training* conversations (other folds of a hash of the
+  conversation, as the gate's; never the session itself or a copy of its conversation).
+- C⁺_j(a) = Î_r(d + j·τ) · (e_in·n̄_new + e_cache·H_j + e_out·n̄_out): turn k + j on a with its
+  history cached, and C⁻_j(a) the same with the history recomputed (e_in·H_j for e_cache·H_j);
+  H_j = H_0 + (j − 1)·(n̄_new + n̄_out) its history, H_0 = N_hist + N_new + N̂_out after this turn,
+  n̄_new, n̄_out the mean tokens of a later turn (training conversations, in a's model's tokens),
+  τ the mean time between a session's turns (think time + service), Î_r a carbon forecast made
+  now from the data up to now (:mod:`carbonrouter_lib.forecast`).
+- p_a: the chance a's cache survives a think time — TTL and eviction by other sessions —
+  estimated online per KV pool from what returning sessions find (L(b) / N_hist on their
+  previous deployment b; an exponential average, started at the training sessions' share of
+  think times within the TTL).
+- q_m: the chance model m stays quality-feasible at the next turn given it is now (training
+  conversations); with 1 − q_m the session must move to another model and recompute there,
+  M_j(m) = min over deployments a′ of another model of C⁻_j(a′) (*model stickiness*: a small model
+  feasible for this turn against the big model's cache).
+
+With J = 0 the sum is empty and the router is CarbonRouter's proposal (argmin Ĉ_k, first index
+on ties); it decides only from what is known at dispatch. The sum has a closed form: with
+w_j = S_k(j)·Î_r(d + j·τ), Σ_j w_j·H_j = H_0·A_r + (n̄_new + n̄_out)·B_r with A_r = Σ_j w_j and
+B_r = Σ_j (j − 1)·w_j, so a decision costs two (regions × J) dot products and a few operations
+over the deployments. Parts switch off for ablations: ``horizon=0`` (no horizon pricing),
+``forecast="persistence"`` (no forecast), ``cache_survival=False`` (p = 1), ``model_stickiness=
+False`` (q = 1). ``release=True`` is a variant that needs the backend: when a turn leaves a
+session's previous deployment it asks the backend to drop the cache left there (it would only
+crowd other sessions' caches), via :meth:`Policy.released`.
+
+Units: gCO2e, kWh, tokens, seconds, gCO2e/kWh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from carbonrouter_lib.policies.base import Candidates, Policy, QueryContext
+
+__all__ = ["HorizonModel", "HorizonRouter", "fit_horizon_model", "LEARNED"]
+
+#: ``model=LEARNED``: the horizon model is fitted on the replayed workload by the runner.
+LEARNED = "learned"
+
+
+@dataclass
+class HorizonModel:
+    """What the horizon router learns from training conversations, per conversation fold.
+
+    Attributes
+    ----------
+    folds, seed
+        Conversations are split into ``folds`` folds by a hash of the conversation (seeded,
+        :func:`carbonrouter_lib.gate.session_folds`); fold f's values come from the others.
+    horizon
+        J: future turns priced.
+    survival
+        (folds, K_max + 1, J): S_k(j) = P(K > k + j | K > k); turns k ≥ K_max use row K_max.
+    new_tokens, out_tokens
+        (folds, n_models): mean new input and output tokens of a later turn (turn ≥ 1), tokens.
+    stay_feasible
+        (folds, n_models): P(model feasible at turn k + 1 | feasible at turn k).
+    gap_s
+        (folds,): mean time between the dispatches of consecutive turns (think + reference
+        service), s.
+    keep_prior
+        (folds,): share of think times within the TTL (the prior of the cache survival).
+    beta_q
+        The quality threshold the feasibility rates were computed with.
+    """
+
+    folds: int
+    seed: int
+    horizon: int
+    survival: np.ndarray
+    new_tokens: np.ndarray
+    out_tokens: np.ndarray
+    stay_feasible: np.ndarray
+    gap_s: np.ndarray
+    keep_prior: np.ndarray
+    beta_q: float
+    meta: dict = field(default_factory=dict)
+
+    def fold_of(self, conversation: int) -> int:
+        from carbonrouter_lib.gate import session_folds
+
+        return int(session_folds([conversation], self.folds, self.seed)[0])
+
+
+def fit_horizon_model(table: pd.DataFrame, beta_q: float = 0.85, ttl_s: float = 1800.0,
+                      horizon: int = 16, folds: int = 5, seed: int = 0) -> HorizonModel:
+    """Fit the :class:`HorizonModel` on a prepared workload: for each conversation fold f, the
+    session-length survival, the mean tokens of later turns, the models' next-turn feasibility,
+    the mean gap between turns and the share of think times within ``ttl_s`` — all from the
+    conversations of the *other* folds (each conversation counted once, however many copies the
+    replay has of it)."""
+    from carbonrouter_lib import prepared
+    from carbonrouter_lib.gate import session_folds
+    from carbonrouter_lib.prepared import MODELS
+
+    if horizon < 0 or folds < 2:
+        raise ValueError(f"horizon must be ≥ 0 and folds ≥ 2, got {horizon}, {folds}")
+    conv = prepared.conversation_codes(table)
+    fold_row = session_folds(conv, folds, seed)
+    turn = table["turn"].to_numpy()
+    n_turns = table["n_turns"].to_numpy()
+    think = table["think_s"].to_numpy(np.float64)
+    new = prepared.model_matrix(table, "new_tokens").astype(np.float64)
+    out = prepared.model_matrix(table, "output_tokens").astype(np.float64)
+    q = prepared.model_matrix(table, "quality").astype(np.float64)
+    feasible = q >= beta_q * q.max(axis=1, keepdims=True)
+    service = prepared._reference_service(table)
+    # one row per conversation (its first session's rows), so copies do not weigh it more
+    first_copy = np.zeros(len(table), dtype=bool)
+    sessions = table["session"].to_numpy()
+    first_session = pd.Series(sessions).groupby(conv).transform("min").to_numpy()
+    first_copy[sessions == first_session] = True
+    k_max = int(n_turns.max())
+    n_m = len(MODELS)
+    surv = np.zeros((folds, k_max + 1, horizon))
+    new_mean = np.zeros((folds, n_m))
+    out_mean = np.zeros((folds, n_m))
+    stay = np.ones((folds, n_m))
+    gap = np.zeros(folds)
+    keep = np.zeros(folds)
+    for f in range(folds):
+        train = (fold_row != f) & first_copy
+        if not train.any():
+            raise ValueError(f"fit_horizon_model: no training conversations for fold {f}")
+        lengths = n_turns[train & (turn == 0)]
+        # reach[n] = conversations with more than n turns (turn n exists)
+        reach = np.array([(lengths > n).sum() for n in range(k_max + horizon + 2)], np.float64)
+        for k in range(k_max + 1):
+            if reach[k] > 0:
+                surv[f, k] = reach[k + 1:k + 1 + horizon] / reach[k]
+        later = train & (turn > 0)
+        if later.any():
+            new_mean[f] = new[later].mean(axis=0)
+            out_mean[f] = out[later].mean(axis=0)
+            gap[f] = float((think[later] + service[later]).mean())
+            keep[f] = float((think[later] <= ttl_s).mean())
+        # next-turn feasibility: pairs of consecutive rows of one session
+        nxt = train[:-1] & (sessions[1:] == sessions[:-1])
+        both = feasible[:-1][nxt] & feasible[1:][nxt]
+        now = feasible[:-1][nxt]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rate = both.sum(axis=0) / now.sum(axis=0)
+        stay[f] = np.where(now.sum(axis=0) > 0, rate, 1.0)
+    return HorizonModel(folds=folds, seed=seed, horizon=horizon, survival=surv,
+                        new_tokens=new_mean, out_tokens=out_mean, stay_feasible=stay, gap_s=gap,
+                        keep_prior=keep, beta_q=float(beta_q),
+                        meta={"n_conversations": int(len(np.unique(conv))), "ttl_s": ttl_s})
+
+
+class HorizonRouter(Policy):
+    """The horizon router (module docstring). Registry name ``carbonrouter-horizon``.
+
+    Parameters
+    ----------
+    horizon : int
+        J, future turns priced (0: CarbonRouter's proposal). Default 16.
+    forecast : str
+        Carbon forecast of the future turns' regions (:data:`carbonrouter_lib.forecast.
+        FORECASTERS`). Default ``"blend"``.
+    cache_survival : bool
+        Price the chance a cache is gone at the next turn (False: it always survives).
+    model_stickiness : bool
+        Price the chance the model is infeasible at the next turn (False: it never is).
+    release : bool
+        Variant: ask the backend to drop the cache a session leaves behind when it switches.
+    smoothing : float
+        Weight of a new observation in the per-pool cache-survival average, in (0, 1].
+    model : HorizonModel or "learned"
+        The fitted model; ``"learned"`` (default) to be fitted by the runner on the replayed
+        workload (:meth:`set_model`).
+    """
+
+    name = "carbonrouter-horizon"
+
+    def __init__(self, horizon: int = 16, forecast: str = "blend", cache_survival: bool = True,
+                 model_stickiness: bool = True, release: bool = False, smoothing: float = 0.05,
+                 continuation: float | str = "online",
+                 model: HorizonModel | str = LEARNED) -> None:
+        from carbonrouter_lib.forecast import FORECASTERS
+
+        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
+            raise ValueError(f"HorizonRouter.horizon must be an integer ≥ 0, got {horizon!r}")
+        if forecast not in FORECASTERS:
+            raise ValueError(f"HorizonRouter.forecast must be one of {FORECASTERS}, "
+                             f"got {forecast!r}")
+        for name, v in (("cache_survival", cache_survival), ("model_stickiness",
+                                                             model_stickiness),
+                        ("release", release)):
+            if not isinstance(v, bool):
+                raise ValueError(f"HorizonRouter.{name} must be a bool, got {v!r}")
+        if not 0 < smoothing <= 1:
+            raise ValueError(f"HorizonRouter.smoothing must be in (0, 1], got {smoothing!r}")
+        if not (continuation == "online" or (isinstance(continuation, int | float)
+                                              and not isinstance(continuation, bool)
+                                              and 0 <= continuation <= 1)):
+            raise ValueError(f"HorizonRouter.continuation must be 'online' or in [0, 1], "
+                             f"got {continuation!r}")
+        self.continuation = continuation
+        if not (model == LEARNED or isinstance(model, HorizonModel)):
+            raise ValueError(f"HorizonRouter.model must be a HorizonModel or {LEARNED!r}")
+        self.horizon, self.forecast = horizon, forecast
+        self.cache_survival, self.model_stickiness = cache_survival, model_stickiness
+        self.release, self.smoothing = release, float(smoothing)
+        self.releases_caches = release
+        self.model: HorizonModel | str = model
+        self._bound = None  # per-run state, set on the first query (the run's deployments)
+
+    @property
+    def needs_model(self) -> bool:
+        """Whether the model is still to be fitted (``model == "learned"`` and J > 0)."""
+        return self.horizon > 0 and isinstance(self.model, str)
+
+    def set_model(self, model: HorizonModel) -> None:
+        """Set the fitted :class:`HorizonModel`."""
+        if model.horizon < self.horizon:
+            raise ValueError(f"the model prices {model.horizon} future turns, the router "
+                             f"{self.horizon}")
+        self.model = model
+        self._bound = None
+
+    def params(self) -> dict:
+        return {"horizon": self.horizon, "forecast": self.forecast,
+                "continuation": self.continuation,
+                "cache_survival": self.cache_survival,
+                "model_stickiness": self.model_stickiness, "release": self.release,
+                "smoothing": self.smoothing}
+
+    # ---- per-run state ----------------------------------------------------------------------
+
+    def _bind(self, ctx: QueryContext) -> _RunState:
+        from carbonrouter_lib.forecast import make_forecaster
+
+        d = ctx.deployments
+        if ctx.signal is None or ctx.backend is None:
+            raise ValueError("HorizonRouter needs ctx.signal and ctx.backend (run it in "
+                             "simulate() or the live router)")
+        model = self.model
+        if isinstance(model, str):
+            raise RuntimeError("HorizonRouter: the horizon model has not been fitted; run the "
+                               "policy through the runner (sweep.run_one / "
+                               "experiments.run_policies) or set_model(fit_horizon_model(...))")
+        state = _RunState(
+            forecaster=make_forecaster(self.forecast, ctx.signal),
+            kv_pool=ctx.backend.kv_pool_of(),
+            keep=np.full(len(ctx.backend.kv_capacities()), float(model.keep_prior.mean())),
+        )
+        state.j = np.arange(self.horizon, dtype=np.float64)  # (j − 1) for j = 1..J
+        state.e_in, state.e_cache, state.e_out = d.e_in, d.e_cache, d.e_out
+        state.region, state.model = d.region, d.model
+        state.other_models = ~np.eye(len(d.models), dtype=bool)
+        return state
+
+    # ---- the decision -----------------------------------------------------------------------
+
+    def choose(self, ctx: QueryContext, cand: Candidates) -> int:
+        if self.horizon == 0:
+            return cand.argmin(cand.carbon)
+        st = self._bound
+        if st is None or st.deployments is not ctx.deployments:
+            st = self._bound = self._bind(ctx)
+            st.deployments = ctx.deployments
+        model = self.model
+        b = ctx.prev
+        if self.cache_survival and ctx.turn > 0 and b >= 0:
+            # what this session found of the cache it left on b: one observation of b's pool
+            hist_b = ctx.n_hist_m[st.model[b]]
+            if hist_b > 0:
+                pool = st.kv_pool[b]
+                st.keep[pool] += self.smoothing * (ctx.cached[b] / hist_b - st.keep[pool])
+        f = st.fold(ctx.conversation, model)
+        k = min(ctx.turn, model.survival.shape[1] - 1)
+        surv = model.survival[f, k, :self.horizon]
+        rho = st.stayed if self.continuation == "online" else self.continuation
+        surv = surv * rho ** st.j
+        fc = st.forecast(ctx.time_s, model.gap_s[f], self.horizon)  # (n_regions, J)
+        w = fc * surv
+        a_r = w.sum(axis=1)
+        b_r = w @ st.j
+        m = st.model
+        post = (ctx.n_hist_m + ctx.n_new_m + ctx.n_out_est_m)[m]  # H_0 per deployment
+        n_new, n_out = model.new_tokens[f][m], model.out_tokens[f][m]
+        a_d, b_d = a_r[st.region], b_r[st.region]
+        hist_sum = post * a_d + (n_new + n_out) * b_d
+        base = (st.e_in * n_new + st.e_out * n_out) * a_d
+        miss = base + st.e_in * hist_sum
+        if self.cache_survival:
+            p = st.keep[st.kv_pool]
+            future = miss - p * (st.e_in - st.e_cache) * hist_sum
+        else:
+            future = base + st.e_cache * hist_sum
+        if self.model_stickiness:
+            # deployments are numbered (region, GPU, model) with the model last: the cheapest
+            # recomputing deployment of each model, then for each model the cheapest other one
+            n_m = st.other_models.shape[0]
+            best = miss.reshape(-1, n_m).min(axis=0)
+            move = np.where(st.other_models, best[None, :], np.inf).min(axis=1)
+            q = model.stay_feasible[f][m]
+            future = q * future + (1 - q) * move[m]
+        return cand.argmin(cand.carbon + future)
+
+    def on_served(self, ctx: QueryContext, a: int) -> None:
+        st = self._bound
+        if st is not None and ctx.turn > 0 and ctx.prev >= 0:
+            # how often this router keeps a session where it was: the chance a future turn is
+            # still on the deployment chosen now, per turn (the "online" continuation)
+            st.stayed += self.smoothing * (float(a == ctx.prev) - st.stayed)
+
+    def released(self, ctx: QueryContext, a: int) -> tuple[int, ...]:
+        """With ``release``: the cache the session leaves on its previous deployment when it
+        moves away from it (the backend drops it once idle)."""
+        b = ctx.prev
+        return (b,) if self.release and b >= 0 and b != a else ()
+
+
+class _RunState:
+    """Per-run state of a :class:`HorizonRouter`: the forecaster (cached per grid row), the
+    per-pool cache-survival averages, the deployments' arrays, the conversations' folds."""
+
+    def __init__(self, forecaster, kv_pool: np.ndarray, keep: np.ndarray) -> None:
+        self.forecaster = forecaster
+        self.kv_pool = kv_pool
+        self.keep = keep
+        self.stayed = 1.0
+        self.deployments = None
+        self._folds: dict[int, int] = {}
+        self._fc: dict[tuple[int, float, int], np.ndarray] = {}
+
+    def fold(self, conversation: int, model: HorizonModel) -> int:
+        f = self._folds.get(conversation)
+        if f is None:
+            f = self._folds[conversation] = model.fold_of(conversation)
+        return f
+
+    def forecast(self, t: float, gap_s: float, horizon: int) -> np.ndarray:
+        """Forecast (n_regions, J) for the J future turns, j·gap_s ahead, made at t's row."""
+        row = self.forecaster.row(t)
+        key = (row, gap_s, horizon)
+        fc = self._fc.get(key)
+        if fc is None:
+            if len(self._fc) > 4096:
+                self._fc.clear()
+            leads = self.forecaster.leads(gap_s * np.arange(1, horizon + 1))
+            fc = self._fc[key] = self.forecaster.predict(row, leads)
+        return fc
+
