@@ -598,3 +598,58 @@ def test_registry_and_params():
         make_policy("gar", seed=-1)
     with pytest.raises(ValueError, match="delta"):
         make_policy("carbonrouter", delta=math.nan)
+
+
+# ---------------------------------------------------------------------------------------------
+# Policies of one's own, by import name
+
+
+BYO = __import__("pathlib").Path(__file__).parent / "data" / "byo"
+
+
+def test_a_policy_by_import_name(monkeypatch):
+    from carbonrouter_lib.policies import policy_class
+
+    monkeypatch.syspath_prepend(str(BYO))
+    cls = policy_class("my_policies:LowestEnergy")
+    assert cls.__name__ == "LowestEnergy" and "my_policies:LowestEnergy" not in POLICIES
+    p = make_policy("my_policies:LowestEnergy", tolerance=0.25)
+    assert isinstance(p, cls) and p.name == "lowest-energy" and p.params() == {"tolerance": 0.25}
+    # its rule: the lowest estimated energy over the candidates, here the smallest model
+    ctx = ctx_for(quality=ALL_EQUAL)
+    cand = feasibility(ctx)
+    assert decide(p, ctx) == cand.argmin(cand.energy) == D2.index("Gemma-3-1B", "H100", "A")
+    # a registry class by import name is the registry's class
+    assert policy_class("carbonrouter_lib.policies:FairCarbon") is FairCarbon
+
+
+def test_a_nameless_policy_is_named_by_its_import_name(tmp_path, monkeypatch):
+    (tmp_path / "nameless_mod.py").write_text(
+        "from carbonrouter_lib.policies import Policy\n"
+        "class First(Policy):\n"
+        "    def choose(self, ctx, cand):\n"
+        "        return int(cand.mask.argmax())\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert make_policy("nameless_mod:First").name == "nameless_mod:First"
+
+
+@pytest.mark.parametrize("name,error,words", [
+    ("carbon-router", KeyError, "unknown policy 'carbon-router'"),
+    (":FairCarbon", KeyError, "import name 'package.module:Class'"),
+    ("no_such_module_xyz:Policy", ValueError, "cannot import module 'no_such_module_xyz'"),
+    ("carbonrouter_lib.policies:Nope", ValueError, "has no attribute 'Nope'"),
+    ("carbonrouter_lib.policies:make_policy", ValueError, "not a subclass"),
+    ("carbonrouter_lib.policies:Policy", None, ""),
+])
+def test_bad_import_names(name, error, words):
+    from carbonrouter_lib.policies import Policy, policy_class
+
+    if error is None:
+        assert policy_class(name) is Policy
+        return
+    with pytest.raises(error, match=words.replace("(", r"\(")):
+        policy_class(name)
+    with pytest.raises(error):
+        make_policy(name)
+    with pytest.raises(TypeError, match="bad parameters"):
+        make_policy("carbonrouter_lib.policies:FairCarbon", delta=1.0)
