@@ -134,3 +134,23 @@ def test_run_policies_with_measured_profiles_and_a_policy_by_import_name(byo, mo
     analytical = experiments.run_policies(table, policies=["session-affinity"], signal=signal)
     assert (analytical["session-affinity"]["energy_kwh"].sum()
             != recs["session-affinity"]["energy_kwh"].sum())
+
+
+def test_readme_own_data_example_runs_as_written():
+    """The README's "Your own data" example: at most 10 lines, and it runs from the repository
+    root as written (a made-up region pair and trace through run_policies to Table 1)."""
+    import re
+    import subprocess
+    import sys
+
+    root = BYO.parent.parent.parent
+    text = (root / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Your own data"):]
+    section = section[:section.index("\n## ", 3)]
+    example = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    assert len([ln for ln in example.splitlines() if ln.strip()]) <= 10
+    assert "run_policies" in example and "table1" in example
+    done = subprocess.run([sys.executable, "-c", example], cwd=root, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "faircarbon" in done.stdout and "carbonrouter" in done.stdout
