@@ -156,22 +156,32 @@ def _numbers(df: pd.DataFrame, col: str, rows: _Rows, what: str, *, whole: bool,
              allow_missing: bool = False) -> np.ndarray:
     """float64 values of a numeric column: strings and booleans are errors, missing values are
     errors unless allowed (NaN then), and with ``whole`` non-integers and negatives are too."""
-    values = df[col].to_numpy(dtype=object)
-    out = np.full(len(values), np.nan)
-    for i, v in enumerate(values):
-        if _is_missing(v):
-            if not allow_missing:
-                rows.fail(i, f"{col} is missing ({what})")
-            continue
-        if isinstance(v, bool | np.bool_) or not isinstance(v, int | float | np.integer
-                                                            | np.floating):
-            kind = "a string" if isinstance(v, str) else type(v).__name__
-            rows.fail(i, f"{col} must be a number ({what}), got {kind} {v!r}")
-        out[i] = float(v)
-        if not math.isfinite(out[i]):
-            rows.fail(i, f"{col} must be finite ({what}), got {v!r}")
-        if whole and (out[i] < 0 or out[i] != round(out[i])):
-            rows.fail(i, f"{col} must be a whole number ≥ 0 ({what}), got {v!r}")
+    series = df[col]
+    if pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series):
+        out = series.to_numpy(dtype=np.float64, na_value=np.nan)  # the fast path: numbers only
+    else:
+        out = np.full(len(series), np.nan)
+        for i, v in enumerate(series.to_numpy(dtype=object)):
+            if _is_missing(v):
+                continue
+            if isinstance(v, bool | np.bool_) or not isinstance(v, int | float | np.integer
+                                                                | np.floating):
+                kind = "a string" if isinstance(v, str) else type(v).__name__
+                rows.fail(i, f"{col} must be a number ({what}), got {kind} {v!r}")
+            out[i] = float(v)
+    missing = np.isnan(out)
+    checks = [(np.isinf(out), "must be finite")]
+    if not allow_missing:
+        checks.insert(0, (missing, "is missing"))
+    if whole:
+        with np.errstate(invalid="ignore"):
+            checks.append((~missing & ((out < 0) | (out != np.round(out))),
+                           "must be a whole number ≥ 0"))
+    bad = [(int(np.flatnonzero(mask)[0]), words) for mask, words in checks if mask.any()]
+    if bad:
+        i, words = min(bad)
+        got = "" if words == "is missing" else f", got {series.iloc[i]!r}"
+        rows.fail(i, f"{col} {words} ({what}){got}")
     return out
 
 
@@ -227,34 +237,31 @@ def _texts(df: pd.DataFrame, col: str, rows: _Rows) -> list[str]:
 
 def _stamps(df: pd.DataFrame, rows: _Rows, time_origin: Any) -> np.ndarray:
     """Seconds since the Unix epoch (NaN where missing) of the ``timestamp`` column."""
-    origin = None
+    values = df["timestamp"].to_numpy(dtype=object)
+    is_text = np.fromiter((isinstance(v, str) for v in values), bool, len(values))
+    out = np.full(len(values), np.nan)
+    if is_text.any():
+        text = pd.Series(values[is_text], dtype=object).str.strip()
+        parsed = pd.to_datetime(text, format="ISO8601", utc=True, errors="coerce")
+        if parsed.isna().any():
+            i = int(np.flatnonzero(is_text)[np.flatnonzero(parsed.isna().to_numpy())[0]])
+            rows.fail(i, f"timestamp {values[i]!r} is not an ISO 8601 time or a number of "
+                         f"seconds")
+        out[is_text] = parsed.dt.as_unit("ns").to_numpy(np.int64) / 1e9
+    numeric = df[["timestamp"]].assign(timestamp=np.where(is_text, None, values))
+    seconds = _numbers(numeric, "timestamp", rows, "seconds since the epoch", whole=False,
+                       allow_missing=True)
+    big = ~is_text & (np.abs(np.nan_to_num(seconds)) > MS_STAMP)
+    if big.any():
+        i = int(np.flatnonzero(big)[0])
+        rows.fail(i, f"timestamp {values[i]!r} looks like milliseconds since the epoch (year "
+                     f"{pd.Timestamp(values[i] / 1000, unit='s').year} if divided by 1000); "
+                     f"give seconds")
     if time_origin is not None:
         origin = pd.Timestamp(time_origin)
         origin = origin.tz_localize("UTC") if origin.tzinfo is None else origin.tz_convert("UTC")
-    out = np.full(len(df), np.nan)
-    for i, v in enumerate(df["timestamp"].to_numpy(dtype=object)):
-        if _is_missing(v):
-            continue
-        if isinstance(v, str):
-            try:
-                t = pd.Timestamp(v.strip())
-            except (ValueError, TypeError):
-                rows.fail(i, f"timestamp {v!r} is not an ISO 8601 time or a number of seconds")
-            if pd.isna(t):
-                rows.fail(i, f"timestamp {v!r} is not a time")
-            t = t.tz_localize("UTC") if t.tzinfo is None else t.tz_convert("UTC")
-            out[i] = t.value / 1e9
-            continue
-        if isinstance(v, bool | np.bool_) or not isinstance(v, int | float | np.integer
-                                                            | np.floating):
-            rows.fail(i, f"timestamp must be a time or a number of seconds, got {v!r}")
-        if not math.isfinite(v):
-            rows.fail(i, f"timestamp must be finite, got {v!r}")
-        if abs(v) > MS_STAMP:
-            rows.fail(i, f"timestamp {v!r} looks like milliseconds since the epoch (year "
-                         f"{pd.Timestamp(v / 1000, unit='s').year} if divided by 1000); give "
-                         f"seconds")
-        out[i] = float(v) + (origin.value / 1e9 if origin is not None else 0.0)
+        seconds = seconds + origin.value / 1e9
+    out[~is_text] = seconds[~is_text]
     return out
 
 
