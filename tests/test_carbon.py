@@ -670,3 +670,28 @@ def test_to_csv_round_trip_and_combine(tmp_path):
     assert both.provenance["Solaria"]["file"].endswith("solaria_hourly.csv")
     with pytest.raises(CarbonDataError, match="region 'Solaria' is in more than one signal"):
         CarbonSignal.combine(a, a)
+
+
+def test_from_csv_more_bad_requests(tmp_path):
+    one = write_csv(tmp_path / "one.csv", "datetime,ci", HOURLY)
+    long = write_csv(tmp_path / "long.csv", "datetime,zone,ci",
+                     [(t, "", v) if i == 2 else (t, "N", v) for i, (t, v) in enumerate(HOURLY)])
+    autumn = write_csv(tmp_path / "autumn.csv", "datetime,ci",
+                       [("2022-10-30 01:00", 1), ("2022-10-30 02:00", 2),
+                        ("2022-10-30 03:00", 3), ("2022-10-30 02:00", 4)])
+    cases = [
+        (lambda: CarbonSignal.from_csv({}), "mapping is empty"),
+        (lambda: CarbonSignal.from_csv({"": one}), "region names must be non-empty strings"),
+        (lambda: CarbonSignal.from_csv(one, ["ci", "ci"]), "region 'ci' is given twice"),
+        (lambda: CarbonSignal.from_csv(one, ["A", "B"], value_column="ci"),
+         "give one region name"),
+        (lambda: CarbonSignal.from_csv(long, region_column="zone"),
+         r"long\.csv: line 4: empty region in column 'zone'"),
+        (lambda: CarbonSignal.from_csv(autumn, "X", tz="Europe/Berlin"),
+         r"autumn\.csv: line .*ambiguous"),
+        (lambda: CarbonSignal.from_csv(one, "X", step="1ns"), "pass a coarser step"),
+        (lambda: CarbonSignal.combine(), "no signals given"),
+    ]
+    for call, words in cases:
+        with pytest.raises(CarbonDataError, match=words):
+            call()

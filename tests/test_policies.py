@@ -653,3 +653,10 @@ def test_bad_import_names(name, error, words):
         make_policy(name)
     with pytest.raises(TypeError, match="bad parameters"):
         make_policy("carbonrouter_lib.policies:FairCarbon", delta=1.0)
+
+
+def test_a_policy_name_must_be_text():
+    from carbonrouter_lib.policies import policy_class
+
+    with pytest.raises(TypeError, match="must be a str"):
+        policy_class(FairCarbon)

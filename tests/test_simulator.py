@@ -915,3 +915,12 @@ def test_simulate_takes_its_regions_from_a_signal_without_config():
     table = make_table([conversation(0.0, 2)])
     res = simulate(table, "faircarbon", signal=make_signal(ci_grid(100, 50)), backend=AMPLE)
     assert set(res.records["region"]) <= set(REGIONS)
+
+
+def test_bad_file_fields(tmp_path):
+    with pytest.raises(TypeError, match="give a path or"):
+        SimulationConfig(regions=REGIONS, carbon_file={"path": "x.csv"})
+    with pytest.raises(TypeError, match="carbon_file must be a path"):
+        SimulationConfig(regions=REGIONS, carbon_file=3)
+    with pytest.raises(TypeError, match="profiles must be a DataFrame"):
+        SimulationConfig(profiles=3.0)

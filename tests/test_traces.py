@@ -244,3 +244,21 @@ def test_bad_files(tmp_path):
     with pytest.raises(TypeError, match="DataFrame or a path"):
         read_turns([{"turn": 0}])
     assert issubclass(traces.TraceError, ValueError)
+
+
+def test_more_bad_values(tmp_path):
+    rows = counts_trace()
+    cases = [
+        (pd.DataFrame(rows).assign(new_tokens=[1.0, float("inf"), 2.0, 3.0]),
+         r"row 1 \(conversation 'a', turn 1\): new_tokens must be finite"),
+        (pd.DataFrame(rows).assign(timestamp=[True, None, "2022-01-03T09:00:00Z", None]),
+         r"row 0 .*timestamp must be a number"),
+        (pd.DataFrame(rows).assign(conversation_id=[["a"], "a", "b", "a"]),
+         r"row 0: conversation_id must be a string or an integer ≥ 0, got list"),
+    ]
+    for df, words in cases:
+        with pytest.raises(TraceError, match=words):
+            read_turns(df)
+    (tmp_path / "t.csv").write_text('a,b\n1,"2\n')
+    with pytest.raises(TraceError, match=r"t\.csv: not a readable CSV"):
+        read_turns(tmp_path / "t.csv")
