@@ -138,9 +138,12 @@ def _policy_code(name: str) -> str | None:
         return None
     cls = policy_class(name)
     try:
-        return sha256_of(inspect.getsourcefile(cls) or "")
-    except (TypeError, OSError):  # no source file (e.g. defined interactively)
+        source = inspect.getsourcefile(cls)
+    except TypeError:  # a built-in class
+        source = None
+    if source is None or not os.path.isfile(source):  # e.g. defined in a notebook cell
         return f"unversioned:{cls.__module__}.{cls.__qualname__}"
+    return sha256_of(source)
 
 
 @dataclass(frozen=True, eq=False)
