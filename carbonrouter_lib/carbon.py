@@ -158,49 +158,112 @@ _STAMP_RE = re.compile(
 _UTC_DESIGNATORS = {"Z", "+00:00", "+0000", "-00:00", "-0000"}
 
 
-def _line(i: int) -> int:
-    """File line number of data row ``i`` (0-based) when line 1 is the header."""
-    return i + 2
+def _line(i: int, lines: np.ndarray | None = None) -> int:
+    """File line number of data row ``i`` (0-based): ``lines[i]`` when given (a subset of a
+    file's rows), else ``i + 2`` (line 1 is the header)."""
+    return int(lines[i]) if lines is not None else i + 2
 
 
-def _read_columns(path: Path, time_col: str, value_col: str) -> pd.DataFrame:
+def _read_header(path: Path) -> list[str]:
     try:
-        header = pd.read_csv(path, nrows=0, encoding="utf-8-sig").columns
-    except (pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        return list(pd.read_csv(path, nrows=0, encoding="utf-8-sig").columns)
+    except FileNotFoundError:
+        raise
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
         raise CarbonDataError(f"{path}: cannot read a CSV header ({exc})") from exc
-    missing = [c for c in (time_col, value_col) if c not in header]
+
+
+def _read_columns(path: Path, time_col: str, *value_cols: str) -> pd.DataFrame:
+    header = _read_header(path)
+    missing = [c for c in (time_col, *value_cols) if c not in header]
     if missing:
-        raise CarbonDataError(f"{path}: missing column(s) {missing}; columns are {list(header)}")
+        raise CarbonDataError(f"{path}: missing column(s) {missing}; columns are {header}")
     # Read as text: the numeric and timestamp checks below must see what the file really says.
-    df = pd.read_csv(path, usecols=[time_col, value_col], dtype=str, encoding="utf-8-sig")
+    df = pd.read_csv(path, usecols=[time_col, *value_cols], dtype=str, encoding="utf-8-sig")
     if len(df) < 2:
         raise CarbonDataError(f"{path}: {len(df)} data row(s); need at least 2 to know the cadence")
     return df
 
 
-def _parse_stamps(path: Path, raw: pd.Series, naive_is_utc: bool) -> pd.DatetimeIndex:
-    """Parse ISO stamps to a UTC index; reject offsets other than UTC (and naive ones if asked)."""
+def _zone(path: Path, zone: str):
+    """The IANA time zone ``zone`` (``"UTC"`` included), or an error naming the file."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        return ZoneInfo(str(zone))
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        raise CarbonDataError(
+            f"{path}: unknown time zone {zone!r}; give an IANA name such as 'UTC' or "
+            f"'Europe/Berlin'"
+        ) from None
+
+
+def _localize(path: Path, raw: pd.Series, base: pd.Series, naive: np.ndarray, zone: str,
+              lines: np.ndarray | None) -> np.ndarray:
+    """int64 ns UTC of the naive stamps ``base[naive]`` read as local times of ``zone``; a local
+    time that does not exist (spring DST gap) or cannot be told apart (autumn repeat, when the
+    order does not settle it) is an error naming its line."""
+    tzinfo = _zone(path, zone)
+    local = pd.DatetimeIndex(pd.to_datetime(base[naive], format="ISO8601"))
+    try:
+        return local.tz_localize(tzinfo, ambiguous="infer", nonexistent="raise").as_unit(
+            "ns").asi8
+    except (ValueError, OverflowError):
+        probe = local.tz_localize(tzinfo, ambiguous=np.ones(len(local), bool), nonexistent="NaT")
+        rows = np.flatnonzero(naive)
+        if probe.isna().any():
+            i = int(rows[np.flatnonzero(probe.isna())[0]])
+            what = "does not exist (daylight-saving gap)"
+        else:
+            i = int(rows[np.flatnonzero(local.tz_localize(tzinfo, ambiguous="NaT").isna())[0]])
+            what = "is ambiguous (daylight-saving repeat not in order)"
+        raise CarbonDataError(f"{path}: line {_line(i, lines)}: local time {raw.iloc[i]!r} "
+                              f"{what} in time zone {zone!r}") from None
+
+
+def _parse_stamps(path: Path, raw: pd.Series, naive_is_utc: bool, *,
+                  zone: str | None = None, lines: np.ndarray | None = None) -> pd.DatetimeIndex:
+    """Parse ISO stamps to a UTC index.
+
+    ``zone`` None (the mirrored exports): reject offsets other than UTC, and naive stamps unless
+    ``naive_is_utc``. ``zone`` an IANA name (files of one's own): naive stamps are local times of
+    ``zone``; stamps with an offset are converted to UTC.
+    """
     if raw.isna().any():
         i = int(np.flatnonzero(raw.isna().to_numpy())[0])
-        raise CarbonDataError(f"{path}: line {_line(i)}: empty timestamp")
+        raise CarbonDataError(f"{path}: line {_line(i, lines)}: empty timestamp")
     parts = raw.str.extract(_STAMP_RE)
     bad = parts["base"].isna().to_numpy()
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise CarbonDataError(f"{path}: line {_line(i)}: unparseable timestamp {raw.iloc[i]!r}")
+        raise CarbonDataError(
+            f"{path}: line {_line(i, lines)}: unparseable timestamp {raw.iloc[i]!r}")
     tz = parts["tz"]
     naive = tz.isna().to_numpy()
+    if zone is not None:
+        try:
+            ns = np.empty(len(raw), np.int64)
+            if (~naive).any():
+                ns[~naive] = pd.DatetimeIndex(pd.to_datetime(
+                    raw[~naive].str.strip(), format="ISO8601", utc=True)).as_unit("ns").asi8
+            if naive.any():
+                ns[naive] = _localize(path, raw, parts["base"], naive, zone, lines)
+        except (ValueError, OverflowError) as exc:
+            if isinstance(exc, CarbonDataError):
+                raise
+            raise CarbonDataError(f"{path}: invalid timestamp ({exc})") from exc
+        return pd.DatetimeIndex(pd.to_datetime(ns, unit="ns", utc=True)).rename("time_utc")
     if naive.any() and not naive_is_utc:
         i = int(np.flatnonzero(naive)[0])
         raise CarbonDataError(
-            f"{path}: line {_line(i)}: timestamp {raw.iloc[i]!r} has no zone designator; "
+            f"{path}: line {_line(i, lines)}: timestamp {raw.iloc[i]!r} has no zone designator; "
             "this format requires UTC stamps ending in 'Z'"
         )
     offset = (~naive) & ~tz.isin(_UTC_DESIGNATORS).to_numpy()
     if offset.any():
         i = int(np.flatnonzero(offset)[0])
         raise CarbonDataError(
-            f"{path}: line {_line(i)}: timestamp {raw.iloc[i]!r} is not UTC (offset "
+            f"{path}: line {_line(i, lines)}: timestamp {raw.iloc[i]!r} is not UTC (offset "
             f"{tz.iloc[i]}); the file must be in UTC"
         )
     try:
@@ -210,13 +273,14 @@ def _parse_stamps(path: Path, raw: pd.Series, naive_is_utc: bool) -> pd.Datetime
     return pd.DatetimeIndex(stamps).as_unit("ns").rename("time_utc")
 
 
-def _parse_values(path: Path, raw: pd.Series, stamps: pd.DatetimeIndex, col: str) -> np.ndarray:
+def _parse_values(path: Path, raw: pd.Series, stamps: pd.DatetimeIndex, col: str,
+                  lines: np.ndarray | None = None) -> np.ndarray:
     """Parse intensities (gCO2e/kWh): no missing, non-numeric, non-finite or negative values."""
     missing = raw.isna().to_numpy() | (raw.str.strip() == "").to_numpy()
     if missing.any():
         i = int(np.flatnonzero(missing)[0])
         raise CarbonDataError(
-            f"{path}: line {_line(i)} ({stamps[i]}): missing value in column {col!r} "
+            f"{path}: line {_line(i, lines)} ({stamps[i]}): missing value in column {col!r} "
             f"({int(missing.sum())} missing in all)"
         )
     values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float)
@@ -224,46 +288,51 @@ def _parse_values(path: Path, raw: pd.Series, stamps: pd.DatetimeIndex, col: str
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise CarbonDataError(
-            f"{path}: line {_line(i)} ({stamps[i]}): non-numeric value {raw.iloc[i]!r} in "
+            f"{path}: line {_line(i, lines)} ({stamps[i]}): non-numeric value {raw.iloc[i]!r} in "
             f"column {col!r} ({int(bad.sum())} such rows)"
         )
     neg = values < 0
     if neg.any():
         i = int(np.flatnonzero(neg)[0])
         raise CarbonDataError(
-            f"{path}: line {_line(i)} ({stamps[i]}): negative intensity {values[i]} in "
+            f"{path}: line {_line(i, lines)} ({stamps[i]}): negative intensity {values[i]} in "
             f"column {col!r}"
         )
     return values
 
 
-def _check_index(path: Path, stamps: pd.DatetimeIndex, cadence: pd.Timedelta | None) -> None:
-    """Duplicates, order, alignment and gaps; ``cadence`` None = the most common step."""
+def _check_index(path: Path, stamps: pd.DatetimeIndex, cadence: pd.Timedelta | None,
+                 lines: np.ndarray | None = None, epoch_aligned: bool = True) -> None:
+    """Duplicates, order, alignment and gaps; ``cadence`` None = the most common step.
+
+    Alignment: with ``epoch_aligned`` every stamp must start a cadence interval counted from the
+    Unix epoch (whole hours for hourly data); otherwise only the steps are checked (local-time
+    files of zones with a half-hour offset, for example)."""
     dup = stamps.duplicated(keep=False)
     if dup.any():
         rows = np.flatnonzero(dup)
         first = stamps[rows[0]]
-        lines = [_line(int(i)) for i in rows if stamps[i] == first]
-        raise CarbonDataError(f"{path}: duplicated timestamp {first} on lines {lines}")
+        where = [_line(int(i), lines) for i in rows if stamps[i] == first]
+        raise CarbonDataError(f"{path}: duplicated timestamp {first} on lines {where}")
     ns = stamps.asi8
     step = np.diff(ns)
     back = step < 0
     if back.any():
         i = int(np.flatnonzero(back)[0]) + 1
         raise CarbonDataError(
-            f"{path}: line {_line(i)}: timestamp {stamps[i]} is earlier than the previous one "
-            f"({stamps[i - 1]}); stamps must increase"
+            f"{path}: line {_line(i, lines)}: timestamp {stamps[i]} is earlier than the previous "
+            f"one ({stamps[i - 1]}); stamps must increase"
         )
     if cadence is None:
         values, counts = np.unique(step, return_counts=True)
         cadence_ns = int(values[np.argmax(counts)])
     else:
         cadence_ns = int(pd.Timedelta(cadence).value)
-    off_grid = ns % cadence_ns != 0
+    off_grid = (ns % cadence_ns != 0) if epoch_aligned else np.zeros(len(ns), bool)
     if off_grid.any():
         i = int(np.flatnonzero(off_grid)[0])
         raise CarbonDataError(
-            f"{path}: line {_line(i)}: timestamp {stamps[i]} is not at the start of a "
+            f"{path}: line {_line(i, lines)}: timestamp {stamps[i]} is not at the start of a "
             f"{pd.Timedelta(cadence_ns)} interval"
         )
     irregular = step != cadence_ns
@@ -272,10 +341,32 @@ def _check_index(path: Path, stamps: pd.DatetimeIndex, cadence: pd.Timedelta | N
         gap = pd.Timedelta(int(step[i - 1]))
         n_missing = int(step[irregular].sum() // cadence_ns - irregular.sum())
         raise CarbonDataError(
-            f"{path}: gap before line {_line(i)}: {stamps[i - 1]} -> {stamps[i]} is {gap}, "
-            f"cadence is {pd.Timedelta(cadence_ns)} ({int(irregular.sum())} irregular step(s), "
-            f"{n_missing} missing stamp(s) in all)"
+            f"{path}: gap before line {_line(i, lines)}: {stamps[i - 1]} -> {stamps[i]} is "
+            f"{gap}, cadence is {pd.Timedelta(cadence_ns)} ({int(irregular.sum())} irregular "
+            f"step(s), {n_missing} missing stamp(s) in all)"
         )
+
+
+def _series(
+    path: Path,
+    raw_time: pd.Series,
+    raw_value: pd.Series,
+    value_col: str,
+    *,
+    naive_is_utc: bool = True,
+    zone: str | None = None,
+    cadence: str | pd.Timedelta | None = None,
+    lines: np.ndarray | None = None,
+) -> pd.Series:
+    """One region's validated intensities (gCO2e/kWh) on a regular UTC index, from the raw text
+    of its time and value columns: the one code path of every CSV loader here."""
+    stamps = _parse_stamps(path, raw_time, naive_is_utc, zone=zone, lines=lines)
+    values = _parse_values(path, raw_value, stamps, value_col, lines)
+    _check_index(path, stamps, None if cadence is None else pd.Timedelta(cadence), lines,
+                 epoch_aligned=zone is None)
+    series = pd.Series(values, index=stamps, name="gco2_per_kwh")
+    series.attrs["source"] = str(path)
+    return series
 
 
 def _load(
@@ -287,12 +378,8 @@ def _load(
 ) -> pd.Series:
     path = Path(path)
     df = _read_columns(path, time_col, value_col)
-    stamps = _parse_stamps(path, df[time_col], naive_is_utc)
-    values = _parse_values(path, df[value_col], stamps, value_col)
-    _check_index(path, stamps, None if cadence is None else pd.Timedelta(cadence))
-    series = pd.Series(values, index=stamps, name="gco2_per_kwh")
-    series.attrs["source"] = str(path)
-    return series
+    return _series(path, df[time_col], df[value_col], value_col, naive_is_utc=naive_is_utc,
+                   cadence=cadence)
 
 
 def load_electricitymaps_csv(path: str | PathLike, cadence: str | None = "1h") -> pd.Series:
@@ -825,6 +912,184 @@ class CarbonSignal:
                 tmp.write_text(json.dumps(provenance, indent=1, sort_keys=True))
         return cls(frame, end=t1, provenance=provenance)
 
+    @classmethod
+    def from_csv(
+        cls,
+        source: str | PathLike | Mapping[str, str | PathLike],
+        region: str | Sequence[str] | None = None,
+        *,
+        time_column: str = "datetime",
+        value_column: str | None = None,
+        region_column: str | None = None,
+        tz: str = "UTC",
+        cadence: str | None = None,
+        step: str | None = None,
+    ) -> CarbonSignal:
+        """A signal from CSV files of one's own: any region, any hourly or sub-hourly cadence.
+
+        Every file is checked like the mirrored exports (one code path): each stamp is the start
+        of the interval its value describes; values in gCO2e/kWh, none missing, non-numeric or
+        negative; stamps unique, increasing and without gaps at the file's cadence. Errors name
+        the file, the line and the problem.
+
+        Parameters
+        ----------
+        source
+            One CSV file, or ``{region: file}`` for one region per file (each file then holds
+            one value column, or names it with ``value_column``).
+        region
+            With one file: which region(s) it holds. A name: the file's only value column (or
+            the column of that name, or ``value_column``) is that region. A list: the value
+            columns of those names (a *wide* file: one column per region). None: every column
+            but the time column is a region named by its header (or the one ``value_column``).
+            With ``region_column`` (a *long* file): the regions to keep, in this order (None:
+            all, in order of first appearance).
+        time_column
+            Header of the time column (default ``"datetime"``).
+        value_column
+            Header of the intensity column (default: the only column besides time and region).
+        region_column
+            Header of a column naming each row's region (a long file).
+        tz
+            IANA time zone of stamps without an offset (default ``"UTC"``); stamps with an
+            offset (``Z``, ``+01:00``) are converted to UTC. An unknown zone, a local time that
+            does not exist (DST gap) or cannot be placed (DST repeat out of order) is an error.
+        cadence
+            Expected step between stamps of every file (e.g. ``"15min"``); default the most
+            common step of each file.
+        step
+            Spacing of the signal's grid; default the largest that keeps every source stamp on
+            the grid (the finest cadence, for files on whole hours). Each value is held until
+            the next stamp of its file (step-hold).
+
+        Returns
+        -------
+        CarbonSignal
+            Regions in the order given (mapping order, list order, or column / first-appearance
+            order), covering the period all regions share: ``[latest first stamp, earliest end)``
+            where a file ends one cadence after its last stamp. :attr:`provenance` names each
+            region's file, SHA-256, column, cadence and time zone.
+
+        Raises
+        ------
+        CarbonDataError
+            A malformed file (see above), an unknown region or column, regions that share no
+            period, or a ``step`` that does not divide the files' cadences.
+        FileNotFoundError
+            A file does not exist.
+
+        Examples
+        --------
+        ``CarbonSignal.from_csv("solaria.csv", region="Solaria")`` (columns ``datetime`` and one
+        value column); ``CarbonSignal.from_csv({"Solaria": "solaria.csv", "Ventosa":
+        "ventosa.csv"})``; ``CarbonSignal.from_csv("zones.csv", region_column="zone",
+        value_column="gco2")``.
+        """
+        from carbonrouter_lib.datasets import sha256_of
+
+        series: dict[str, pd.Series] = {}
+        provenance: dict[str, dict] = {}
+
+        def add(name: object, path: Path, raw_time: pd.Series, raw_value: pd.Series,
+                col: str, lines: np.ndarray | None = None) -> None:
+            if not isinstance(name, str) or not name.strip():
+                raise CarbonDataError(f"{path}: region names must be non-empty strings, got "
+                                      f"{name!r}")
+            if name in series:
+                raise CarbonDataError(f"{path}: region {name!r} is given twice (also from "
+                                      f"{provenance[name]['file']})")
+            _zone(path, tz)  # an unknown zone is an error even when every stamp has an offset
+            series[name] = _series(path, raw_time, raw_value, col, zone=tz, cadence=cadence,
+                                   lines=lines)
+            provenance[name] = {"kind": "csv", "file": str(path), "sha256": sha256_of(path),
+                                "column": col, "tz": tz,
+                                "cadence": str(_cadence(series[name].index))}
+
+        if isinstance(source, Mapping):
+            if region is not None or region_column is not None:
+                raise CarbonDataError("from_csv: with a {region: file} mapping the regions are "
+                                      "its keys; leave region and region_column unset")
+            if not source:
+                raise CarbonDataError("from_csv: the {region: file} mapping is empty")
+            for name, file in source.items():
+                path = Path(file)
+                col = _value_column(path, time_column, value_column, ())
+                df = _read_columns(path, time_column, col)
+                add(name, path, df[time_column], df[col], col)
+        else:
+            path = Path(source)
+            if region_column is not None:
+                col = _value_column(path, time_column, value_column, (region_column,))
+                df = _read_columns(path, time_column, region_column, col)
+                zones = df[region_column]
+                if zones.isna().any():
+                    i = int(np.flatnonzero(zones.isna().to_numpy())[0])
+                    raise CarbonDataError(f"{path}: line {_line(i)}: empty region in column "
+                                          f"{region_column!r}")
+                present = list(pd.unique(zones))
+                wanted = present if region is None else (
+                    [region] if isinstance(region, str) else list(region))
+                unknown = [r for r in wanted if r not in present]
+                if unknown:
+                    raise CarbonDataError(f"{path}: region(s) {unknown} not in column "
+                                          f"{region_column!r}; it has {present}")
+                for name in wanted:
+                    rows = np.flatnonzero((zones == name).to_numpy())
+                    add(name, path, df[time_column].iloc[rows], df[col].iloc[rows], col,
+                        lines=rows + 2)
+            else:
+                header = _read_header(path)
+                others = [c for c in header if c != time_column]
+                if not others or time_column not in header:
+                    raise CarbonDataError(f"{path}: need a time column {time_column!r} and at "
+                                          f"least one value column; columns are {header}")
+                if value_column is not None:
+                    if not (region is None or isinstance(region, str)):
+                        raise CarbonDataError(f"{path}: value_column={value_column!r} is one "
+                                              f"region's column; give one region name")
+                    pairs = [(region or value_column, value_column)]
+                elif isinstance(region, str):
+                    pairs = [(region, others[0] if len(others) == 1 else region)]
+                else:
+                    pairs = [(c, c) for c in (others if region is None else list(region))]
+                df = _read_columns(path, time_column, *dict.fromkeys(c for _, c in pairs))
+                for name, col in pairs:
+                    add(name, path, df[time_column], df[col], col)
+        frame, end = _joint_grid(series, step)
+        return cls(frame, end=end, provenance=provenance)
+
+    @classmethod
+    def combine(cls, *signals: CarbonSignal, step: str | None = None) -> CarbonSignal:
+        """One signal of the regions of several (e.g. a region of one's own beside mirrored ones:
+        ``CarbonSignal.combine(mine, CarbonSignal.from_config(cfg))``), on a grid that keeps every
+        signal's stamps, over the period all share. Regions must not repeat."""
+        series: dict[str, pd.Series] = {}
+        provenance: dict[str, dict] = {}
+        for sig in signals:
+            for r in sig.regions:
+                if r in series:
+                    raise CarbonDataError(f"combine: region {r!r} is in more than one signal")
+                s = pd.Series(sig._values[:, sig._col[r]], index=sig._frame.index)
+                s.attrs["source"] = sig.provenance.get(r, {}).get("file", f"signal {r}")
+                s.attrs["end"] = sig.end
+                series[r] = s
+                provenance[r] = dict(sig.provenance.get(r, {}))
+        if not series:
+            raise CarbonDataError("combine: no signals given")
+        frame, end = _joint_grid(series, step)
+        return cls(frame, end=end, provenance=provenance)
+
+    def to_csv(self, path: str | PathLike) -> Path:
+        """Write the signal as a wide CSV (``datetime`` in UTC with ``Z``, one column per
+        region, gCO2e/kWh) that ``CarbonSignal.from_csv(path)`` reads back (the file of a
+        sweep's ``SimulationConfig.carbon_file``). Returns the path."""
+        path = Path(path)
+        out = self._frame.copy()
+        out.index = out.index.strftime("%Y-%m-%dT%H:%M:%SZ")
+        out.index.name = "datetime"
+        out.to_csv(path)
+        return path
+
     # ---- lookups -------------------------------------------------------------------------------
 
     @property
@@ -935,6 +1200,64 @@ class CarbonSignal:
     def __repr__(self) -> str:
         return (f"CarbonSignal(regions={self.regions}, start={self.start}, end={self.end}, "
                 f"rows={len(self._t_ns)})")
+
+
+def _value_column(path: Path, time_column: str, value_column: str | None,
+                  exclude: Sequence[str]) -> str:
+    """``value_column``, or the file's only column besides the time column and ``exclude``."""
+    if value_column is not None:
+        return value_column
+    others = [c for c in _read_header(path) if c != time_column and c not in exclude]
+    if len(others) != 1:
+        raise CarbonDataError(f"{path}: cannot tell the value column among {others}; pass "
+                              f"value_column=")
+    return others[0]
+
+
+def _joint_grid(series: Mapping[str, pd.Series], step: str | None
+                ) -> tuple[pd.DataFrame, pd.Timestamp]:
+    """Step-hold every region's series onto one grid over the period all cover.
+
+    A series covers ``[first stamp, attrs["end"] or last stamp + cadence)``. The grid step
+    (default: the gcd of the cadences and of the offsets between the series' first stamps, so
+    every source stamp is a grid instant) must keep every source stamp on the grid."""
+    starts, ends, cadences = {}, {}, {}
+    for r, s in series.items():
+        index = pd.DatetimeIndex(s.index).as_unit("ns")
+        cadences[r] = _cadence(index).value
+        starts[r] = int(index.asi8[0])
+        end = s.attrs.get("end")
+        ends[r] = int(pd.Timestamp(end).as_unit("ns").value if end is not None
+                      else index.asi8[-1] + cadences[r])
+    first = next(iter(starts.values()))
+    phases = [starts[r] - first for r in series]
+    if step is None:
+        step_ns = int(np.gcd.reduce(np.array(list(cadences.values()) + phases, dtype=np.int64)))
+    else:
+        step_ns = int(pd.Timedelta(step).value)
+        if step_ns <= 0:
+            raise CarbonDataError(f"step {step!r} must be positive")
+        for r in series:
+            if cadences[r] % step_ns or (starts[r] - first) % step_ns:
+                raise CarbonDataError(
+                    f"step {step!r} does not keep the stamps of region {r!r} "
+                    f"({series[r].attrs.get('source', '')}, cadence "
+                    f"{pd.Timedelta(cadences[r])}) on the grid; leave step unset")
+    lo, hi = max(starts.values()), min(ends.values())
+    if lo >= hi:
+        spans = ", ".join(f"{r} [{pd.Timestamp(starts[r], tz='UTC')}, "
+                          f"{pd.Timestamp(ends[r], tz='UTC')})" for r in series)
+        raise CarbonDataError(f"the regions share no period: {spans}")
+    n_rows = (hi - lo) // step_ns
+    if n_rows > 20_000_000:
+        raise CarbonDataError(f"a grid step of {pd.Timedelta(step_ns)} over the shared period "
+                              f"gives {n_rows} rows; pass a coarser step=")
+    start, end = pd.Timestamp(lo, tz="UTC"), pd.Timestamp(hi, tz="UTC")
+    grid = pd.date_range(start, end, freq=pd.Timedelta(step_ns), inclusive="left", unit="ns",
+                         name="time_utc")
+    frame = pd.DataFrame({r: hold_on_grid(s, grid, end=end) for r, s in series.items()},
+                         index=grid)
+    return frame, end
 
 
 def _registry_sha(name: str) -> str:

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 
 from carbonrouter_lib import metrics
-from carbonrouter_lib.simulator import SimulationConfig, backend_config, simulate
+from carbonrouter_lib.carbon import CarbonSignal
+from carbonrouter_lib.simulator import SimulationConfig, backend_config, setting, simulate
 
 __all__ = ["MAIN_POLICIES", "ABLATIONS", "SENSITIVITY_AXES", "PAPER_TABLE1", "PAPER_TABLE2",
            "PAPER_FIGURE5", "PAPER_MECHANISMS", "run_policies", "summaries", "savings", "table1",
@@ -108,13 +109,31 @@ def run_policies(
     config: SimulationConfig | None = None,
     policies: Sequence[str] = MAIN_POLICIES,
     progress: bool = False,
+    signal: CarbonSignal | None = None,
+    profiles=None,
 ) -> dict[str, pd.DataFrame]:
     """Replay ``table`` under every policy with one shared signal and backend capacity.
 
+    Parameters
+    ----------
+    table
+        A prepared workload (:func:`.prepared.prepare_workload` or :func:`.prepared.from_turns`).
+    config
+        The setting; default :class:`SimulationConfig()`, over ``signal``'s regions when a
+        signal is given.
+    policies
+        Registry names or import names ``"package.module:Class"``.
+    signal
+        A carbon signal of one's own (e.g. :meth:`CarbonSignal.from_csv`); default the
+        setting's (:meth:`SimulationConfig.signal`).
+    profiles
+        A profile table of one's own (DataFrame, CSV path or ProfileTable) in place of the
+        setting's; see :attr:`SimulationConfig.profiles`.
+
     Returns the per-query records per policy name (columns of ``metrics.RECORD_COLUMNS``).
     """
-    config = config or SimulationConfig()
-    signal = config.signal()
+    config = setting(config, signal, profiles)
+    signal = config.signal(signal)
     capacity = backend_config(table, config)
     out = {}
     for name in policies:

@@ -128,10 +128,17 @@ def setup(name: str, namespace: dict[str, Any]) -> tuple[str, str, bool]:
             _resolve_dir(namespace.get("results_dir"), "results"), at_defaults)
 
 
+def all_notebooks() -> list[Path]:
+    """Every notebook of ``notebooks/``: the numbered ones in order, then the others (the
+    examples and the explorer, not in ``make reproduce``)."""
+    numbered = list_notebooks()
+    return numbered + sorted(set(NOTEBOOK_DIR.glob("*.ipynb")) - set(numbered))
+
+
 def parameters_markdown() -> str:
-    """The README's table of every numbered notebook's parameters (name, default, comment)."""
+    """The README's table of every notebook's parameters (name, default, comment)."""
     rows = ["| notebook | parameter | default | meaning |", "|---|---|---|---|"]
-    for nb in list_notebooks():
+    for nb in all_notebooks():
         for p in parameters(nb).values():
             src = p.source.replace("|", "\\|")
             rows.append(f"| `{nb.stem}` | `{p.name}` | `{src}` | {p.comment.replace('|', '/')} |")

@@ -24,6 +24,10 @@ Datasets:
 Quality and output estimates depend only on the dataset (not on arrivals or sampling), so they are
 computed once per dataset and cached; the whole table is cached by a hash of its parameters.
 
+A trace of one's own (JSONL, CSV or parquet; the format is in :mod:`carbonrouter_lib.traces`)
+becomes a table with exactly these columns through :func:`from_turns`, so every replay, sweep
+and metric takes it as it takes ours.
+
 Replay scale
 ------------
 How densely sessions overlap is a parameter of its own (``WorkloadConfig.sessions_per_s``), not a
@@ -46,17 +50,19 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import output_length, quality, sharegpt, workload
+from carbonrouter_lib import output_length, quality, sharegpt, traces, workload
 from carbonrouter_lib.datasets import derived_dir
 from carbonrouter_lib.outputs import atomic_path
 from carbonrouter_lib.profiles import MODELS, REFERENCE_DEPLOYMENT
-from carbonrouter_lib.tokenizers import TOKENIZER_OF_MODEL
+from carbonrouter_lib.tokenizers import TOKENIZER_FAMILIES, TOKENIZER_OF_MODEL
 
 __all__ = [
     "CODE_VERSION",
@@ -67,6 +73,7 @@ __all__ = [
     "borrow_quality",
     "column",
     "dataset_columns",
+    "from_turns",
     "model_matrix",
     "prepare_workload",
     "peak_active_sessions",
@@ -368,6 +375,167 @@ def prepare_workload(config: WorkloadConfig | None = None, use_cache: bool = Tru
             tmp.write_text(json.dumps(config.to_dict(), indent=1, default=str))
     table.attrs["config"] = config.to_dict()
     return table
+
+
+#: How :func:`from_turns` gets each query's quality vector.
+QUALITY_SOURCES: tuple[str, ...] = ("auto", "columns", "predictor", "borrow")
+
+
+def from_turns(
+    turns: Any,
+    *,
+    name: str | None = None,
+    arrival: workload.ArrivalConfig | None = None,
+    seed: int = 0,
+    quality_source: str = "auto",
+    context_turns: int = 1,
+    output_folds: int = 5,
+    donor: WorkloadConfig | None = None,
+    time_origin: Any = None,
+) -> pd.DataFrame:
+    """The prepared workload of a trace of one's own, with exactly :func:`prepare_workload`'s
+    columns (so :func:`~carbonrouter_lib.simulator.simulate`, the sweeps and the metrics take it).
+
+    Parameters
+    ----------
+    turns
+        A trace: a ``.jsonl``, ``.csv`` or ``.parquet`` file or a DataFrame, one row per turn
+        (format and checks: :mod:`carbonrouter_lib.traces`; texts are tokenized under each
+        model's tokenizer, counts are taken as given).
+    name
+        The ``dataset`` column (default the file's stem, or ``"trace"``).
+    arrival
+        Replay window and think-time model for what the trace does not give (session starts
+        without timestamps, think times without ``think_s`` or later-turn timestamps); default
+        :class:`workload.ArrivalConfig()` (7 days from Monday 2022-01-03 UTC).
+    seed
+        Seed of the drawn start times and think times (and of quality borrowing).
+    quality_source
+        Where Q(m) comes from: ``"columns"`` (the trace's ``quality_<model>``), ``"predictor"``
+        (the offline predictor on ``user_text`` and the previous ``context_turns`` turns, as for
+        ShareGPT), ``"borrow"`` (each query borrows the quality vector of a ShareGPT query of
+        similar input length, seeded, as for the Mooncake trace: :func:`borrow_quality`; for a
+        trace without text), or ``"auto"`` (the first of these the trace allows).
+    context_turns
+        Earlier turns the quality predictor sees.
+    output_folds
+        Folds (by conversation) of the cross-fitted output-length estimate (at most the number of
+        conversations; at least 2 conversations are needed unless the trace gives
+        ``est_output_tokens``).
+    donor
+        The ShareGPT workload quality is borrowed from (default every conversation).
+    time_origin
+        Numeric timestamps are seconds after this time instead of the Unix epoch.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per query, sorted by session start then turn, ``session`` numbering sessions
+        0…N−1 (one session per conversation); ``attrs["config"]`` records the source (path and
+        SHA-256), the arrival window, the seed and how quality and timing were obtained, and
+        ``attrs["trace"]`` what :func:`traces.read_turns` counted.
+
+    Raises
+    ------
+    ValueError
+        A malformed trace (:class:`traces.TraceError`, naming the file and row), an unknown
+        ``quality_source`` or one the trace does not allow.
+    """
+    if quality_source not in QUALITY_SOURCES:
+        raise ValueError(f"quality_source must be one of {QUALITY_SOURCES}, got "
+                         f"{quality_source!r}")
+    arrival = arrival or workload.ArrivalConfig()
+    t = traces.read_turns(turns, time_origin=time_origin)
+    report = t.attrs["trace"]
+    if name is None:
+        name = Path(turns).stem if isinstance(turns, str | os.PathLike) else "trace"
+    families = [f"est_output_tokens_{f}" for f in TOKENIZER_FAMILIES]
+    n_conv = int(t["conversation_id"].nunique())
+    if all(c in t.columns for c in families):
+        est = t[families]
+    else:
+        if n_conv < 2:
+            raise ValueError(f"{report['source']}: one conversation: the output-length "
+                             f"estimate is cross-fitted over conversations (at least 2), or give "
+                             f"est_output_tokens")
+        folds = min(output_folds, n_conv)
+        est = output_length.estimate_output_tokens(t, n_folds=folds, seed=0)
+        report["output_folds"] = folds
+
+    qcols = [column("quality", m) for m in MODELS]
+    if quality_source == "auto":
+        quality_source = ("columns" if qcols[0] in t.columns
+                          else "predictor" if "user_text" in t.columns else "borrow")
+    if quality_source == "columns":
+        if qcols[0] not in t.columns:
+            raise ValueError(f"{report['source']}: quality_source='columns' but the trace has no "
+                             f"{qcols} columns")
+        q = t[qcols].to_numpy(dtype=np.float64)
+    elif quality_source == "predictor":
+        if "user_text" not in t.columns:
+            raise ValueError(f"{report['source']}: quality_source='predictor' needs user_text")
+        q = quality.score_turns(t, context_turns=context_turns)
+    else:
+        donor = donor or WorkloadConfig(dataset="sharegpt", context_turns=context_turns)
+        donor_cols = dataset_columns(donor)
+        big = "Llama-3.1-70B"
+        donor_len = (donor_cols[column("new_tokens", big)]
+                     + donor_cols[column("history_tokens", big)]).to_numpy()
+        f = TOKENIZER_OF_MODEL[big]
+        target_len = (t[f"new_tokens_{f}"] + t[f"history_tokens_{f}"]).to_numpy()
+        q, _ = borrow_quality(target_len, donor_len, model_matrix(donor_cols, "quality"),
+                              seed=seed)
+
+    out = pd.DataFrame({"conversation_id": t["conversation_id"].to_numpy(),
+                        "turn": t["turn"].to_numpy(), "n_turns": t["n_turns"].to_numpy()})
+    for m in MODELS:
+        f = TOKENIZER_OF_MODEL[m]
+        out[column("new_tokens", m)] = t[f"new_tokens_{f}"].to_numpy(np.int64)
+        out[column("history_tokens", m)] = t[f"history_tokens_{f}"].to_numpy(np.int64)
+        out[column("output_tokens", m)] = t[f"output_tokens_{f}"].to_numpy(np.int64)
+        out[column("est_output_tokens", m)] = est[f"est_output_tokens_{f}"].to_numpy(np.int64)
+    for j, m in enumerate(MODELS):
+        out[column("quality", m)] = q[:, j]
+
+    # Arrivals: the trace's where it gives them, else the arrival model (drawn in the order
+    # prepare_workload draws: starts, their assignment, think times).
+    rng = np.random.default_rng(seed)
+    first = out["turn"].to_numpy() == 0
+    conv_code, _ = pd.factorize(out["conversation_id"], sort=False)
+    given_start = t["start_s"].to_numpy()[first]
+    if np.isnan(given_start).all():
+        starts = workload.session_start_times(n_conv, arrival, rng)
+        unit_start = np.empty(n_conv)
+        unit_start[rng.permutation(n_conv)] = starts
+        window = arrival
+    else:
+        unit_start = given_start
+        lo, hi = float(unit_start.min()), float(unit_start.max())
+        window = dataclasses.replace(arrival, window_start=pd.Timestamp(math.floor(lo), unit="s",
+                                                                        tz="UTC"),
+                                     window_days=max(hi - math.floor(lo), 1.0) / 86_400.0)
+    drawn = workload.think_times(len(out), arrival, rng)
+    given_think = t["think_s"].to_numpy()
+    think = np.where(np.isnan(given_think), drawn, given_think)
+    session_start = unit_start[conv_code]
+    out.insert(0, "dataset", name)
+    out.insert(1, "arrival_s", np.where(first, session_start, np.nan))
+    out.insert(2, "think_s", np.where(first, 0.0, think))
+    out["_start"], out["_conv"] = session_start, conv_code
+    out = out.sort_values(["_start", "_conv", "turn"], kind="stable").drop(
+        columns=["_start", "_conv"])
+    out.insert(1, "session", np.cumsum(out["turn"].to_numpy() == 0) - 1)
+    out = out.reset_index(drop=True)
+    report["quality"] = quality_source
+    out.attrs["config"] = {
+        "dataset": name, "trace": {"path": str(Path(turns).resolve())
+                                   if isinstance(turns, str | os.PathLike) else None,
+                                   "sha256": report["sha256"]},
+        "seed": seed, "arrival": window.to_dict(), "quality_source": quality_source,
+        "context_turns": context_turns, "timing": report["timing"],
+    }
+    out.attrs["trace"] = report
+    return out
 
 
 def _reference_service(table: pd.DataFrame) -> np.ndarray:

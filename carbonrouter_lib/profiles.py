@@ -23,6 +23,7 @@ B_h memory bandwidth in bytes/s, G_{m,h} GPUs per deployment:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ __all__ = [
     "PROFILE_COLUMNS",
     "REQUIRED_COLUMNS",
     "ProfileError",
+    "ProfileTable",
     "analytical_profiles",
     "load_measured_profiles",
     "validate_profiles",
@@ -643,6 +645,90 @@ def load_measured_profiles(path: str | os.PathLike, complete: bool = True) -> pd
                                f"(complete=False accepts a subset)")
     df.attrs["source"] = str(path)
     return df
+
+
+class ProfileTable:
+    """A validated profile table and the SHA-256 of its content: what
+    :attr:`carbonrouter_lib.simulator.SimulationConfig.profiles` holds.
+
+    Two tables are equal (and hash alike) when their content is, so a setting that carries one
+    can key caches (``functools.lru_cache``, sweep and gate keys) without ever hashing a
+    DataFrame. Build one with :meth:`of`.
+
+    Attributes
+    ----------
+    frame : pandas.DataFrame
+        The table as :func:`validate_profiles` returns it (do not modify it).
+    sha256 : str
+        SHA-256 (hex) of the file's bytes for a table read from a file, else of the validated
+        table written as CSV.
+    path : str or None
+        Absolute path of the file it was read from; None for a table given as a DataFrame.
+    """
+
+    __slots__ = ("frame", "sha256", "path")
+
+    def __init__(self, frame: pd.DataFrame, sha256: str, path: str | None = None) -> None:
+        self.frame = frame
+        self.sha256 = sha256
+        self.path = path
+
+    @classmethod
+    def of(cls, source: Any) -> ProfileTable:
+        """A profile table from a DataFrame (validated), a CSV path
+        (:func:`load_measured_profiles`), an existing ProfileTable, or the JSON form of
+        :meth:`to_json` (``{"path": ..., "sha256": ...}``: the file is read and must still have
+        that SHA-256).
+
+        Raises
+        ------
+        ProfileError
+            The table breaks the schema, or a file's content differs from the ``sha256`` given.
+        FileNotFoundError
+            A path that does not exist.
+        TypeError
+            Anything else, or the JSON form of a table that was given as a DataFrame.
+        """
+        if isinstance(source, ProfileTable):
+            return source
+        if isinstance(source, pd.DataFrame):
+            frame = validate_profiles(source, source="profiles (DataFrame)")
+            blob = frame.to_csv(index=False).encode()
+            return cls(frame, hashlib.sha256(blob).hexdigest())
+        expected = None
+        if isinstance(source, Mapping):
+            if set(source) != {"path", "sha256"} or source["path"] is None:
+                raise TypeError(
+                    f"profiles {dict(source)!r}: the JSON form of a profile file is "
+                    f"{{'path': ..., 'sha256': ...}}; a table given as a DataFrame cannot be "
+                    f"rebuilt from JSON (save it as CSV and pass the path)")
+            source, expected = source["path"], source["sha256"]
+        if not isinstance(source, str | os.PathLike):
+            raise TypeError(f"profiles must be a DataFrame, a CSV path or a ProfileTable, got "
+                            f"{type(source).__name__}")
+        from carbonrouter_lib.datasets import sha256_of
+
+        path = Path(source).resolve()
+        frame = load_measured_profiles(path)
+        sha = sha256_of(path)
+        if expected is not None and sha != expected:
+            raise ProfileError(f"{path}: content changed (SHA-256 {sha[:12]}…, the setting was "
+                               f"made with {str(expected)[:12]}…)")
+        return cls(frame, sha, str(path))
+
+    def to_json(self) -> dict[str, str | None]:
+        """``{"path": absolute path or None, "sha256": ...}`` (recorded with results)."""
+        return {"path": self.path, "sha256": self.sha256}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ProfileTable) and other.sha256 == self.sha256
+
+    def __hash__(self) -> int:
+        return hash(self.sha256)
+
+    def __repr__(self) -> str:
+        where = self.path or "DataFrame"
+        return f"ProfileTable({where}, {len(self.frame)} rows, sha256={self.sha256[:12]}…)"
 
 
 def appendix_a_table(profiles: pd.DataFrame) -> pd.DataFrame:

@@ -15,8 +15,10 @@ import dataclasses
 import functools
 import heapq
 import math
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from time import perf_counter_ns
 
 import numpy as np
@@ -37,7 +39,12 @@ from carbonrouter_lib.policies import (
     make_policy,
 )
 from carbonrouter_lib.prepared import mean_context_tokens, peak_active_sessions
-from carbonrouter_lib.profiles import MODELS, analytical_profiles, kv_tokens_per_instance
+from carbonrouter_lib.profiles import (
+    MODELS,
+    ProfileTable,
+    analytical_profiles,
+    kv_tokens_per_instance,
+)
 
 #: The KV-memory rules of :class:`SimulationConfig` (``kv_memory``).
 KV_MEMORY_RULES: tuple[str, ...] = ("paper", "hardware")
@@ -47,6 +54,7 @@ __all__ = [
     "SimulationConfig",
     "SimulationResult",
     "backend_config",
+    "setting",
     "simulate",
     "check_table",
     "mean_context_tokens",
@@ -91,6 +99,27 @@ class SimulationConfig:
     instance_batch
         Concurrent requests one instance batches under the hardware rule (≥ 1; 64, the decode
         batch at which notebook 08 calibrates κ).
+    profiles
+        A profile table of one's own (measured energies and throughputs per (model, GPU);
+        schema of :func:`profiles.validate_profiles`) in place of the analytical profiles: a
+        DataFrame, a CSV path (:func:`profiles.load_measured_profiles`) or a
+        :class:`profiles.ProfileTable`; stored as a ProfileTable (compared by content). κ, γ
+        and α are then unused. It must hold every model of :data:`profiles.MODELS` on every
+        GPU type it names; its GPU types (in order of first appearance: the tie-break order)
+        replace the paper's, and each region's capacity is split over them. None (default):
+        the analytical profiles with κ, γ, α.
+    carbon_file
+        A carbon-intensity CSV of one's own in place of the mirrored signal of
+        :attr:`carbon_year` (which is then unused): a wide file that
+        ``CarbonSignal.from_csv(path)`` reads (a ``datetime`` column and one column per
+        region, e.g. written by :meth:`CarbonSignal.to_csv`), whose regions are
+        :attr:`regions` in order. Stored as an absolute path; its SHA-256 is part of
+        :meth:`to_dict`. The way to give a sweep (:class:`sweep.RunSpec`) its own signal.
+
+    Fields that name files (``profiles``, ``carbon_file``) appear in :meth:`to_dict` only when
+    set, as ``{"path": ..., "sha256": ...}``; the constructor accepts that form back (and checks
+    that the file still has that content), so a setting survives a JSON round trip and the keys
+    of settings without them are unchanged.
     """
 
     regions: tuple[str, ...] = REGION_SETS["paper"]
@@ -105,6 +134,8 @@ class SimulationConfig:
     kv_memory: str = "paper"
     kv_scale: float = 1.0
     instance_batch: int = 64
+    profiles: ProfileTable | None = None
+    carbon_file: str | None = None
 
     def __post_init__(self) -> None:
         regions = self.regions
@@ -122,6 +153,11 @@ class SimulationConfig:
             if isinstance(v, bool) or not isinstance(v, int | float | np.number) or math.isnan(v):
                 raise ValueError(f"SimulationConfig.{name} must be a number, got {v!r}")
             object.__setattr__(self, name, float(v))
+        if self.profiles is not None:
+            object.__setattr__(self, "profiles", ProfileTable.of(self.profiles))
+        if self.carbon_file is not None:
+            object.__setattr__(self, "carbon_file", _carbon_file(self.carbon_file,
+                                                                 self.regions))
         if not (math.isfinite(self.c) and self.c > 0):
             raise ValueError(f"c must be > 0, got {self.c}")
         if self.kv_memory not in KV_MEMORY_RULES:
@@ -140,8 +176,16 @@ class SimulationConfig:
             raise ValueError("ttl_s and d_ttft_s must be > 0")
 
     def to_dict(self) -> dict:
-        """Plain-JSON form."""
-        return dataclasses.asdict(self)
+        """Plain-JSON form (file fields only when set, see the class doc)."""
+        from carbonrouter_lib.datasets import sha256_of
+
+        d = dataclasses.asdict(dataclasses.replace(self, profiles=None, carbon_file=None))
+        del d["profiles"], d["carbon_file"]
+        if self.profiles is not None:
+            d["profiles"] = self.profiles.to_json()
+        if self.carbon_file is not None:
+            d["carbon_file"] = {"path": self.carbon_file, "sha256": sha256_of(self.carbon_file)}
+        return d
 
     def constraints(self) -> ConstraintConfig:
         """The constraints of Eq. 7 of this setting (β_Q, D_TTFT)."""
@@ -149,9 +193,13 @@ class SimulationConfig:
 
     def signal(self, signal: CarbonSignal | None = None) -> CarbonSignal:
         """The carbon signal of this setting: ``signal`` checked against :attr:`regions` (same
-        regions, same order), or, when None, built from :attr:`carbon_year` and :attr:`regions`
-        (parquet-cached)."""
-        if signal is None:
+        regions, same order), or, when None, read from :attr:`carbon_file` if set, else built
+        from :attr:`carbon_year` and :attr:`regions` (parquet-cached)."""
+        if signal is None and self.carbon_file is not None:
+            from carbonrouter_lib.datasets import sha256_of
+
+            signal = _signal_from_file(self.carbon_file, sha256_of(self.carbon_file))
+        elif signal is None:
             signal = CarbonSignal.from_config(CarbonConfig(year=self.carbon_year,
                                                            regions=self.regions))
         if tuple(signal.regions) != tuple(self.regions):
@@ -160,16 +208,78 @@ class SimulationConfig:
         return signal
 
     def deployments(self) -> Deployments:
-        """The deployments of this setting (analytical profiles with this κ, γ, α)."""
-        return _deployments(self.regions, self.kappa, self.gamma, self.alpha)
+        """The deployments of this setting: the analytical profiles with this κ, γ, α, or
+        :attr:`profiles` when set (the one place a setting's deployments are built)."""
+        if self.profiles is not None:
+            return _deployments(self.regions, math.nan, math.nan, math.nan, self.profiles)
+        return _deployments(self.regions, self.kappa, self.gamma, self.alpha, None)
+
+    def with_profiles(self, profiles) -> SimulationConfig:
+        """This setting with ``profiles`` (anything :attr:`profiles` takes; None: analytical)."""
+        return dataclasses.replace(self, profiles=profiles)
+
+
+def setting(config: SimulationConfig | None = None, signal: CarbonSignal | None = None,
+            profiles=None) -> SimulationConfig:
+    """The setting of a replay from what a caller gives: ``config`` (default
+    :class:`SimulationConfig()` over the regions of ``signal`` when one is given), with
+    ``profiles`` in place of its own when given."""
+    if config is None:
+        config = (SimulationConfig() if signal is None
+                  else SimulationConfig(regions=tuple(signal.regions)))
+    return config if profiles is None else config.with_profiles(profiles)
 
 
 @functools.lru_cache(maxsize=32)
-def _deployments(regions: tuple[str, ...], kappa: float, gamma: float, alpha: float
-                 ) -> Deployments:
+def _deployments(regions: tuple[str, ...], kappa: float, gamma: float, alpha: float,
+                 profiles: ProfileTable | None) -> Deployments:
     # Cached: building the profile table costs more than a short replay, and Deployments' arrays
-    # are read-only, so one instance can be shared.
-    return Deployments.build(regions, analytical_profiles(kappa=kappa, gamma=gamma, alpha=alpha))
+    # are read-only, so one instance can be shared. A ProfileTable is hashed by its content's
+    # SHA-256, never as a DataFrame.
+    if profiles is None:
+        return Deployments.build(regions, analytical_profiles(kappa=kappa, gamma=gamma,
+                                                              alpha=alpha))
+    gpus = tuple(pd.unique(profiles.frame["gpu"]))
+    try:
+        return Deployments.build(regions, profiles.frame, gpus=gpus)
+    except ValueError as exc:
+        where = profiles.path or "the profile table"
+        raise ValueError(f"{where}: {exc} (every model of {MODELS} is needed on each GPU "
+                         f"type of the table)") from None
+
+
+def _carbon_file(value, regions: tuple[str, ...]) -> str:
+    """The absolute path of a setting's ``carbon_file`` (a path, or ``{"path", "sha256"}``
+    whose file must still have that SHA-256), checked to hold exactly ``regions``."""
+    from carbonrouter_lib.carbon import _read_header
+    from carbonrouter_lib.datasets import sha256_of
+
+    expected = None
+    if isinstance(value, Mapping):
+        if set(value) != {"path", "sha256"}:
+            raise TypeError(f"carbon_file {dict(value)!r}: give a path or "
+                            f"{{'path': ..., 'sha256': ...}}")
+        value, expected = value["path"], value["sha256"]
+    if not isinstance(value, str | os.PathLike):
+        raise TypeError(f"carbon_file must be a path, got {type(value).__name__}")
+    path = Path(value).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"carbon_file: no such file {path}")
+    if expected is not None and sha256_of(path) != expected:
+        raise ValueError(f"carbon_file {path}: content changed since the setting was made "
+                         f"(SHA-256 {sha256_of(path)[:12]}…, expected {str(expected)[:12]}…)")
+    header = _read_header(path)
+    in_file = tuple(c for c in header if c != "datetime")
+    if "datetime" not in header or in_file != tuple(regions):
+        raise ValueError(f"carbon_file {path}: its regions {in_file} (every column but "
+                         f"'datetime') must be config.regions {tuple(regions)}, in order")
+    return str(path)
+
+
+@functools.lru_cache(maxsize=8)
+def _signal_from_file(path: str, sha256: str) -> CarbonSignal:
+    # Keyed by the content too: a file rewritten in place is read again.
+    return CarbonSignal.from_csv(path)
 
 
 @dataclass
@@ -190,7 +300,8 @@ class SimulationResult:
 
 def backend_config(table: pd.DataFrame, config: SimulationConfig) -> BackendConfig:
     """Capacity of this workload under ``config`` (spec §6): K = c·P sessions per region split
-    over its GPU types (``slots_per_pool`` S = ⌈c·P/3⌉), and KV memory by ``config.kv_memory``,
+    over its G GPU types (``slots_per_pool`` S = ⌈c·P/G⌉; G = 3 unless ``config.profiles`` names
+    other GPU types), and KV memory by ``config.kv_memory``,
     times ``config.kv_scale``:
 
     - ``"paper"``: K·C̄ tokens per region, shared by the models of each (region, GPU) pool
@@ -198,12 +309,12 @@ def backend_config(table: pd.DataFrame, config: SimulationConfig) -> BackendConf
     - ``"hardware"``: per deployment (m, h, r), n·kv_tokens_per_instance(m, h) tokens of m, with
       n = max(1, ⌈S·u / instance_batch⌉) instances of every model in each pool.
     """
+    deps = config.deployments()
     base = capacity_from_trace(peak_active_sessions(table), mean_context_tokens(table),
-                               c=config.c, n_gpu_types=3, ttl_s=config.ttl_s)
+                               c=config.c, n_gpu_types=len(deps.gpus), ttl_s=config.ttl_s)
     if config.kv_memory == "paper":
         return dataclasses.replace(base, kv_tokens_per_pool=base.kv_tokens_per_pool
                                    * config.kv_scale)
-    deps = config.deployments()
     instances = max(1, math.ceil(base.slots_per_pool * prepared.service_utilization(table)
                                  / config.instance_batch))
     per_model_gpu = {(m, g): instances * config.kv_scale * kv_tokens_per_instance(m, g)
@@ -347,24 +458,28 @@ def simulate(
     backend: BackendConfig | None = None,
     progress: bool = False,
     time_decisions: bool = False,
+    profiles=None,
 ) -> SimulationResult:
     """Replay the prepared workload ``table`` under ``policy`` (spec §4–§7).
 
     Parameters
     ----------
     table
-        A prepared workload (:func:`carbonrouter_lib.prepared.prepare_workload`).
+        A prepared workload (:func:`carbonrouter_lib.prepared.prepare_workload`, or
+        :func:`carbonrouter_lib.prepared.from_turns` for a trace of one's own).
     policy
-        A policy object or a registry name (:data:`carbonrouter_lib.policies.POLICIES`). A
+        A policy object, a registry name (:data:`carbonrouter_lib.policies.POLICIES`) or an
+        import name ``"package.module:Class"`` (:func:`carbonrouter_lib.policies.policy_class`). A
         CarbonRouter whose learned gate is not yet trained (``gate="learned"``, the default)
         gets it trained here on ``table`` with this setting (:func:`carbonrouter_lib.gate.
         ensure_gate`, session-held-out folds; a few seconds for the full ShareGPT workload);
         ``gate="oracle"`` gets the workload's :class:`carbonrouter_lib.gate.OracleGate`.
     config
-        The setting (regions, carbon year, capacity factor, constraints, κ, γ).
+        The setting (regions, carbon year, capacity factor, constraints, κ, γ). Default:
+        :class:`SimulationConfig()`, with the regions of ``signal`` when one is given.
     signal
         Carbon signal covering the replay (default: built from ``config``; its regions must be
-        ``config.regions`` in order).
+        ``config.regions`` in order), e.g. :meth:`CarbonSignal.from_csv` of one's own files.
     backend
         Capacity (default :func:`backend_config` of the table).
     progress
@@ -372,6 +487,10 @@ def simulate(
     time_decisions
         Time every decision (carbon lookup, the backend's state, context, feasibility and the
         policy's choice) with ``time.perf_counter_ns`` into ``decision_ns`` (for benchmarks).
+    profiles
+        Profiles of one's own in place of ``config``'s (a DataFrame, a CSV path or a
+        :class:`~carbonrouter_lib.profiles.ProfileTable`; see :attr:`SimulationConfig.profiles`):
+        the replay, its capacity and a gate trained here all use them. None: ``config``'s.
 
     Returns
     -------
@@ -386,7 +505,7 @@ def simulate(
     at once (:class:`carbonrouter_lib.policies.QueryBatch`). ``benchmarks/bench_simulator.py``
     measures it.
     """
-    config = config or SimulationConfig()
+    config = setting(config, signal, profiles)
     policy = make_policy(policy) if isinstance(policy, str) else policy
     if not isinstance(policy, Policy):
         raise TypeError(f"simulate: policy must be a Policy or a registry name, got "

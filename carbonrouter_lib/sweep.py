@@ -20,6 +20,19 @@ result on disk under the spec's :meth:`RunSpec.key`:
 The parent process builds every prepared workload and carbon signal before submitting (both are
 parquet-cached in :func:`~.datasets.derived_dir`), so workers only read those caches; a worker
 keeps the tables it has read in a small module-level cache.
+
+Inputs of one's own reach the workers by name, never as objects, so a spec stays plain JSON and
+its key says what produced the result:
+
+- a policy class outside the registry by its import name, ``RunSpec(policy="mypkg.mod:MyPolicy")``
+  (:func:`~.policies.policy_class`; checked when the spec is made; the module must be importable
+  on the workers). Its key holds the name and the SHA-256 of the module's source file, so editing
+  the policy reruns it;
+- measured profiles and a carbon signal by file path: ``SimulationConfig(profiles="my.csv")`` and
+  ``SimulationConfig(carbon_file="signal.csv", regions=...)`` (a wide CSV, e.g.
+  :meth:`~.carbon.CarbonSignal.to_csv`). The spec holds each file's absolute path and SHA-256
+  (in the key); a worker reads the file and refuses it if its content has changed since. The
+  path must be readable where the workers run (any path on one machine's LocalCluster).
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import inspect
 import itertools
 import json
 import math
@@ -43,10 +57,10 @@ import pandas as pd
 
 from carbonrouter_lib import metrics, prepared, workload
 from carbonrouter_lib.carbon import CarbonConfig, CarbonSignal
-from carbonrouter_lib.datasets import derived_dir
+from carbonrouter_lib.datasets import derived_dir, sha256_of
 from carbonrouter_lib.gate import GATE_CODE_VERSION, ensure_gate
 from carbonrouter_lib.outputs import atomic_path
-from carbonrouter_lib.policies import POLICIES, CarbonRouter, make_policy
+from carbonrouter_lib.policies import POLICIES, CarbonRouter, make_policy, policy_class
 from carbonrouter_lib.prepared import CODE_VERSION as PREPARED_CODE_VERSION
 from carbonrouter_lib.prepared import WorkloadConfig, dataset_columns, prepare_workload
 from carbonrouter_lib.simulator import SimulationConfig, backend_config, simulate
@@ -113,10 +127,23 @@ def _workload_config(d: Mapping[str, Any], seed: int) -> WorkloadConfig:
 
 
 def _simulation_config(d: Mapping[str, Any]) -> SimulationConfig:
-    d = dict(d)
-    if "regions" in d:
-        d["regions"] = tuple(d["regions"])
+    # File fields come as {"path", "sha256"}; SimulationConfig reads and checks them.
     return SimulationConfig(**d)
+
+
+def _policy_code(name: str) -> str | None:
+    """SHA-256 of the source file defining a policy given by import name (None for the
+    registry's, which :data:`CODE_VERSION` covers)."""
+    if name in POLICIES:
+        return None
+    cls = policy_class(name)
+    try:
+        source = inspect.getsourcefile(cls)
+    except TypeError:  # a built-in class
+        source = None
+    if source is None or not os.path.isfile(source):  # e.g. defined in a notebook cell
+        return f"unversioned:{cls.__module__}.{cls.__qualname__}"
+    return sha256_of(source)
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,9 +160,12 @@ class RunSpec:
     workload
         :class:`~.prepared.WorkloadConfig` fields except ``seed`` (``arrival`` as a dict).
     simulation
-        :class:`~.simulator.SimulationConfig` fields.
+        :class:`~.simulator.SimulationConfig` fields (``profiles`` and ``carbon_file`` as file
+        paths; see the module doc).
     policy
-        Registry name (:data:`carbonrouter_lib.policies.POLICIES`).
+        Registry name (:data:`carbonrouter_lib.policies.POLICIES`) or import name
+        ``"package.module:Class"`` of a :class:`~.policies.Policy` subclass, imported by the
+        workers (a class added to ``POLICIES`` at run time is unknown to them).
     policy_params
         Keyword arguments of the policy (JSON-serializable: a learned gate must be passed by
         reference, e.g. a path, not as an object).
@@ -156,8 +186,10 @@ class RunSpec:
     output: str = "records"
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise KeyError(f"RunSpec: unknown policy {self.policy!r}; one of {sorted(POLICIES)}")
+        try:
+            policy_class(self.policy)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise type(exc)(f"RunSpec: {exc.args[0]}") from None
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise TypeError(f"RunSpec.seed must be an int, got {self.seed!r}")
         if "seed" in self.workload:
@@ -174,6 +206,7 @@ class RunSpec:
         object.__setattr__(self, "workload", _canonical(wl))
         object.__setattr__(self, "simulation", _canonical(sim))
         object.__setattr__(self, "policy_params", params)
+        object.__setattr__(self, "_policy_code", _policy_code(self.policy))
 
     @classmethod
     def make(
@@ -199,11 +232,13 @@ class RunSpec:
         return d
 
     def key(self) -> str:
-        """SHA-256 (hex, 64 characters) of the canonical JSON of the spec and the code versions."""
-        text = json.dumps({"spec": self.to_dict(), "code": CODE_VERSION,
-                           "prepared_code": PREPARED_CODE_VERSION,
-                           "gate_code": GATE_CODE_VERSION},
-                          sort_keys=True, separators=(",", ":"), allow_nan=True)
+        """SHA-256 (hex, 64 characters) of the canonical JSON of the spec and the code versions
+        (for a policy given by import name, also its source file's SHA-256)."""
+        doc = {"spec": self.to_dict(), "code": CODE_VERSION,
+               "prepared_code": PREPARED_CODE_VERSION, "gate_code": GATE_CODE_VERSION}
+        if self._policy_code is not None:
+            doc["policy_code"] = self._policy_code
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
     def workload_config(self) -> WorkloadConfig:
@@ -226,8 +261,14 @@ class RunSpec:
 # ---------------------------------------------------------------------------------------------
 
 
+def _signal(sim: SimulationConfig) -> CarbonSignal:
+    # A file of one's own is read (and cached) by the setting itself.
+    return sim.signal() if sim.carbon_file is not None else _mirrored_signal(sim.carbon_year,
+                                                                            sim.regions)
+
+
 @functools.lru_cache(maxsize=4)
-def _signal(year: int, regions: tuple[str, ...]) -> CarbonSignal:
+def _mirrored_signal(year: int, regions: tuple[str, ...]) -> CarbonSignal:
     # One signal per worker process and setting (built from its parquet cache).
     return CarbonSignal.from_config(CarbonConfig(year=year, regions=regions))
 
@@ -250,7 +291,7 @@ def run_one(spec: RunSpec, gate_dir: str | os.PathLike | None = None
     wl = spec.workload_config()
     sim = spec.simulation_config()
     table = _table(wl.key(), wl)
-    signal = _signal(sim.carbon_year, sim.regions)
+    signal = _signal(sim)
     policy = make_policy(spec.policy, **spec.policy_params)
     if isinstance(policy, CarbonRouter) and policy.needs_training:
         # Trained once per setting and cached (derived_dir()/gates), whichever worker gets it.
@@ -264,7 +305,7 @@ def run_one(spec: RunSpec, gate_dir: str | os.PathLike | None = None
         summary = metrics.RunSummary.from_records(records)
         # The scale and capacity of the replay, recorded with its metrics.
         scale = prepared.scale_summary(table)
-        kv = (capacity.kv_tokens_per_pool * len(sim.regions) * 3
+        kv = (capacity.kv_tokens_per_pool * sim.deployments().n_pools
               if capacity.kv_tokens_per_deployment is None
               else sum(capacity.kv_tokens_per_deployment))
         extra = pd.Series({**scale, "slots_per_pool": capacity.slots_per_pool,
@@ -356,13 +397,13 @@ def _prepare_inputs(specs: Iterable[RunSpec]) -> None:
     done: set[str] = set()
     for spec in specs:
         wl, sim = spec.workload_config(), spec.simulation_config()
-        tag = f"{wl.key()}|{sim.carbon_year}|{sim.regions}"
+        tag = f"{wl.key()}|{sim.carbon_year}|{sim.regions}|{sim.carbon_file}"
         if tag not in done:
             if wl.sessions_per_s is None:
                 prepare_workload(wl)
             else:  # not cached on disk: workers rebuild it from the cached dataset columns
                 dataset_columns(wl)
-            CarbonSignal.from_config(CarbonConfig(year=sim.carbon_year, regions=sim.regions))
+            _signal(sim)  # a file of one's own is checked here, before any worker reads it
             done.add(tag)
 
 

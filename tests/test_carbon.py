@@ -523,3 +523,183 @@ def test_signal_rejects_negative_and_non_numeric_intensities():
         CarbonSignal(pd.DataFrame({"GB": [100.0, -68.0, 50.0]}, index=idx))
     with pytest.raises(CarbonDataError, match="values must be numbers"):
         CarbonSignal(pd.DataFrame({"GB": ["100", "x", "50"]}, index=idx))
+
+# ---------------------------------------------------------------------------------------------
+# CSV files of one's own: CarbonSignal.from_csv, combine, to_csv
+# ---------------------------------------------------------------------------------------------
+
+BYO = __import__("pathlib").Path(__file__).parent / "data" / "byo"
+
+
+def write_csv(path, header, rows):
+    path.write_text("\n".join([header] + [",".join(map(str, r)) for r in rows]) + "\n",
+                    encoding="utf-8")
+    return path
+
+
+HOURLY = [("2022-01-03T00:00:00Z", 100), ("2022-01-03T01:00:00Z", 200),
+          ("2022-01-03T02:00:00Z", 300), ("2022-01-03T03:00:00Z", 400)]
+
+
+def test_from_csv_one_region_and_its_provenance(tmp_path):
+    path = write_csv(tmp_path / "mine.csv", "datetime,gco2", HOURLY)
+    sig = CarbonSignal.from_csv(path, region="Mine")
+    assert sig.regions == ("Mine",)
+    assert sig.start == pd.Timestamp("2022-01-03T00:00Z") and sig.end == pd.Timestamp(
+        "2022-01-03T04:00Z")
+    assert sig.at_region("Mine", pd.Timestamp("2022-01-03T02:59Z")) == 300.0
+    prov = sig.provenance["Mine"]
+    assert prov["file"] == str(path) and prov["column"] == "gco2" and len(prov["sha256"]) == 64
+    assert prov["cadence"] == str(pd.Timedelta("1h"))
+    # value_column names the column; without region the region is named after it
+    assert CarbonSignal.from_csv(path, value_column="gco2").regions == ("gco2",)
+
+
+def test_from_csv_mapping_of_files_with_different_cadences():
+    sig = CarbonSignal.from_csv({"Solaria": BYO / "solaria_hourly.csv",
+                                 "Ventosa": BYO / "ventosa_15min.csv"})
+    assert sig.regions == ("Solaria", "Ventosa")
+    assert len(sig.frame) == 14 * 96  # 15-minute grid over the 14 shared days
+    raw = pd.read_csv(BYO / "solaria_hourly.csv")
+    # the hourly value is held over its four 15-minute grid rows
+    held = sig.frame["Solaria"].to_numpy().reshape(-1, 4)
+    assert (held == raw["carbon_intensity"].to_numpy()[:, None]).all()
+    raw15 = pd.read_csv(BYO / "ventosa_15min.csv")
+    assert (sig.frame["Ventosa"].to_numpy() == raw15["carbon_intensity"].to_numpy()).all()
+    assert sig.provenance["Ventosa"]["cadence"] == str(pd.Timedelta("15min"))
+
+
+def test_from_csv_wide_file_and_region_selection(tmp_path):
+    rows = [(t, v, 2 * v, 3 * v) for t, v in HOURLY]
+    path = write_csv(tmp_path / "wide.csv", "time,XA,XB,XC", rows)
+    sig = CarbonSignal.from_csv(path, time_column="time")
+    assert sig.regions == ("XA", "XB", "XC")
+    picked = CarbonSignal.from_csv(path, ["XC", "XA"], time_column="time")
+    assert picked.regions == ("XC", "XA")
+    assert (picked.frame["XC"].to_numpy() == [300, 600, 900, 1200]).all()
+    one = CarbonSignal.from_csv(path, "XB", time_column="time")
+    assert one.regions == ("XB",) and one.at_region("XB", sig.start) == 200.0
+
+
+def test_from_csv_long_file(tmp_path):
+    rows = [(t, z, v + k) for t, v in HOURLY for k, z in enumerate(("North", "South"))]
+    path = write_csv(tmp_path / "long.csv", "datetime,zone,ci", rows)
+    sig = CarbonSignal.from_csv(path, region_column="zone")
+    assert sig.regions == ("North", "South")
+    assert (sig.frame["South"].to_numpy() == [101, 201, 301, 401]).all()
+    assert CarbonSignal.from_csv(path, "South", region_column="zone").regions == ("South",)
+    with pytest.raises(CarbonDataError, match=r"long\.csv: region\(s\) \['East'\] not in"):
+        CarbonSignal.from_csv(path, ["East"], region_column="zone")
+
+
+def test_from_csv_long_file_names_the_file_line(tmp_path):
+    rows = [(t, z, v) for t, v in HOURLY for z in ("North", "South")]
+    rows[5] = (rows[5][0], "South", -3)  # line 7 of the file: South at 02:00
+    path = write_csv(tmp_path / "long.csv", "datetime,zone,ci", rows)
+    with pytest.raises(CarbonDataError, match=r"long\.csv: line 7 .*negative intensity -3"):
+        CarbonSignal.from_csv(path, region_column="zone")
+
+
+def test_from_csv_time_zones(tmp_path):
+    # naive local stamps of a zone are converted to UTC (Berlin is UTC+1 in January)
+    local = [(f"2022-01-03 0{h}:00", v) for h, (_, v) in enumerate(HOURLY)]
+    path = write_csv(tmp_path / "berlin.csv", "datetime,ci", local)
+    sig = CarbonSignal.from_csv(path, "DE-like", tz="Europe/Berlin")
+    assert sig.start == pd.Timestamp("2022-01-02T23:00Z")
+    # explicit offsets are converted, whatever tz says about naive stamps
+    offs = [(f"2022-01-03T0{h}:00+05:30", v) for h, (_, v) in enumerate(HOURLY)]
+    sig = CarbonSignal.from_csv(write_csv(tmp_path / "ist.csv", "datetime,ci", offs), "IN-like")
+    assert sig.start == pd.Timestamp("2022-01-02T18:30Z") and len(sig.frame) == 4
+    # the autumn repeat of 02:00 in order is two different hours
+    autumn = [("2022-10-30 01:00", 1), ("2022-10-30 02:00", 2), ("2022-10-30 02:00", 3),
+              ("2022-10-30 03:00", 4)]
+    sig = CarbonSignal.from_csv(write_csv(tmp_path / "autumn.csv", "datetime,ci", autumn),
+                                "X", tz="Europe/Berlin")
+    assert len(sig.frame) == 4 and sig.start == pd.Timestamp("2022-10-29T23:00Z")
+
+
+BAD_BYO = [
+    ("gap", [HOURLY[0], HOURLY[1], HOURLY[3]], {}, ["gap before line 4", "cadence is"]),
+    ("duplicate", [HOURLY[0], HOURLY[1], HOURLY[1], HOURLY[2]], {},
+     ["duplicated timestamp", "[3, 4]"]),
+    ("negative", _replace(HOURLY, 2, value=-1), {}, ["line 4", "negative intensity -1"]),
+    ("non-numeric", _replace(HOURLY, 1, value="high"), {}, ["line 3", "non-numeric", "'high'"]),
+    ("missing value", _replace(HOURLY, 1, value=""), {}, ["line 3", "missing value"]),
+    ("unparseable stamp", _replace(HOURLY, 0, stamp="Monday"), {}, ["line 2", "unparseable"]),
+    ("decreasing", [HOURLY[0], HOURLY[2], HOURLY[1], HOURLY[3]], {}, ["line 4", "earlier"]),
+    ("unknown zone", HOURLY, {"tz": "Mars/Olympus"}, ["unknown time zone 'Mars/Olympus'"]),
+    ("DST gap", [("2022-03-27 01:00", 1), ("2022-03-27 02:00", 2), ("2022-03-27 03:00", 3)],
+     {"tz": "Europe/Berlin"}, ["line 3", "does not exist", "Europe/Berlin"]),
+    ("wrong cadence", HOURLY, {"cadence": "15min"}, ["gap before line 3"]),
+]
+
+
+@pytest.mark.parametrize("rows,kwargs,words", [c[1:] for c in BAD_BYO],
+                         ids=[c[0] for c in BAD_BYO])
+def test_from_csv_bad_files(tmp_path, rows, kwargs, words):
+    path = write_csv(tmp_path / "bad_mine.csv", "datetime,ci", rows)
+    with pytest.raises(CarbonDataError) as err:
+        CarbonSignal.from_csv(path, "Mine", **kwargs)
+    msg = str(err.value)
+    assert "bad_mine.csv" in msg
+    for w in words:
+        assert w in msg, (w, msg)
+
+
+def test_from_csv_bad_requests(tmp_path):
+    two = write_csv(tmp_path / "two.csv", "datetime,a,b", [(t, v, v) for t, v in HOURLY])
+    with pytest.raises(CarbonDataError, match=r"two\.csv: cannot tell the value column"):
+        CarbonSignal.from_csv({"X": two})
+    with pytest.raises(CarbonDataError, match=r"two\.csv: need a time column .when."):
+        CarbonSignal.from_csv(two, time_column="when")
+    with pytest.raises(CarbonDataError, match="leave region and region_column unset"):
+        CarbonSignal.from_csv({"X": two}, region="X")
+    with pytest.raises(FileNotFoundError):
+        CarbonSignal.from_csv(tmp_path / "absent.csv", "X")
+    later = write_csv(tmp_path / "later.csv", "datetime,ci",
+                      [(t.replace("01-03", "01-05"), v) for t, v in HOURLY])
+    one = write_csv(tmp_path / "one.csv", "datetime,ci", HOURLY)
+    with pytest.raises(CarbonDataError, match="share no period"):
+        CarbonSignal.from_csv({"A": one, "B": later})
+    with pytest.raises(CarbonDataError, match="does not keep the stamps of region 'A'"):
+        CarbonSignal.from_csv({"A": one}, step="25min")
+
+
+def test_to_csv_round_trip_and_combine(tmp_path):
+    sig = CarbonSignal.from_csv({"Solaria": BYO / "solaria_hourly.csv",
+                                 "Ventosa": BYO / "ventosa_15min.csv"})
+    back = CarbonSignal.from_csv(sig.to_csv(tmp_path / "signal.csv"))
+    pd.testing.assert_frame_equal(back.frame, sig.frame)
+    assert back.end == sig.end
+    a = CarbonSignal.from_csv(BYO / "solaria_hourly.csv", "Solaria")
+    b = CarbonSignal.from_csv(BYO / "ventosa_15min.csv", "Ventosa")
+    both = CarbonSignal.combine(a, b)
+    pd.testing.assert_frame_equal(both.frame, sig.frame)
+    assert both.provenance["Solaria"]["file"].endswith("solaria_hourly.csv")
+    with pytest.raises(CarbonDataError, match="region 'Solaria' is in more than one signal"):
+        CarbonSignal.combine(a, a)
+
+
+def test_from_csv_more_bad_requests(tmp_path):
+    one = write_csv(tmp_path / "one.csv", "datetime,ci", HOURLY)
+    long = write_csv(tmp_path / "long.csv", "datetime,zone,ci",
+                     [(t, "", v) if i == 2 else (t, "N", v) for i, (t, v) in enumerate(HOURLY)])
+    autumn = write_csv(tmp_path / "autumn.csv", "datetime,ci",
+                       [("2022-10-30 01:00", 1), ("2022-10-30 02:00", 2),
+                        ("2022-10-30 03:00", 3), ("2022-10-30 02:00", 4)])
+    cases = [
+        (lambda: CarbonSignal.from_csv({}), "mapping is empty"),
+        (lambda: CarbonSignal.from_csv({"": one}), "region names must be non-empty strings"),
+        (lambda: CarbonSignal.from_csv(one, ["ci", "ci"]), "region 'ci' is given twice"),
+        (lambda: CarbonSignal.from_csv(one, ["A", "B"], value_column="ci"),
+         "give one region name"),
+        (lambda: CarbonSignal.from_csv(long, region_column="zone"),
+         r"long\.csv: line 4: empty region in column 'zone'"),
+        (lambda: CarbonSignal.from_csv(autumn, "X", tz="Europe/Berlin"),
+         r"autumn\.csv: line .*ambiguous"),
+        (lambda: CarbonSignal.from_csv(one, "X", step="1ns"), "pass a coarser step"),
+        (lambda: CarbonSignal.combine(), "no signals given"),
+    ]
+    for call, words in cases:
+        with pytest.raises(CarbonDataError, match=words):
+            call()

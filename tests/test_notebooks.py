@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 
 import nbformat
+import pandas as pd
 import pytest
 
 from carbonrouter_lib import notebooks
 
 NOTEBOOKS = notebooks.list_notebooks()
+#: Not numbered, so not part of `make reproduce` or the nbval run: executed by its own test below.
+BYO_NOTEBOOK = notebooks.NOTEBOOK_DIR / "byo_data.ipynb"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [*NOTEBOOKS, BYO_NOTEBOOK], ids=lambda p: p.name)
 def test_notebook_is_stored_without_outputs(path):
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
@@ -22,7 +25,7 @@ def test_notebook_is_stored_without_outputs(path):
             )
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [*NOTEBOOKS, BYO_NOTEBOOK], ids=lambda p: p.name)
 def test_notebook_has_a_parameters_cell_with_output_folders(path):
     nb = nbformat.read(path, as_version=4)
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
@@ -104,3 +107,16 @@ def test_runner_passes_parameters_and_rejects_unknown_ones(tmp_path, capsys):
                     if "injected-parameters" in c["metadata"].get("tags", []))
     assert "ratio = 0.3" in "".join(injected["source"])
     assert (tmp_path / "fig" / "fig2c_break_even.png").is_file()
+
+def test_byo_notebook_runs_on_the_example_files(tmp_path):
+    """notebooks/byo_data.ipynb end to end (its own asserts included) on tests/data/byo."""
+    import papermill as pm
+
+    out = tmp_path / "byo_data.ipynb"
+    pm.execute_notebook(str(BYO_NOTEBOOK), str(out), cwd=str(BYO_NOTEBOOK.parent),
+                        progress_bar=False,
+                        parameters={"figures_dir": str(tmp_path / "fig"),
+                                    "results_dir": str(tmp_path / "res"), "n_boot": 200})
+    t1 = pd.read_csv(tmp_path / "res" / "byo_table1.csv")
+    assert "my_policies:LowestEnergy" in set(t1["policy"])
+    assert (tmp_path / "fig" / "byo_signal.png").is_file()

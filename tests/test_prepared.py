@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -259,3 +260,135 @@ def test_one_copy_replays_to_the_same_records_for_every_policy():
 def test_bad_seeds_are_rejected(seed):
     with pytest.raises(ValueError, match="WorkloadConfig.seed must be an integer ≥ 0"):
         prepared.WorkloadConfig(seed=seed)
+
+# ---------------------------------------------------------------------------------------------
+# A trace of one's own: from_turns
+
+BYO = Path(__file__).parent / "data" / "byo"
+EXAMPLE = BYO / "chat_trace.jsonl"
+
+
+def counts_trace(n_conv: int = 4) -> pd.DataFrame:
+    """Conversations of 1–3 turns with token counts only (no text, no times)."""
+    rows = []
+    for c in range(n_conv):
+        for k in range(1 + c % 3):
+            rows.append({"conversation_id": f"conv{c}", "turn": k, "new_tokens": 50 + 10 * c + k,
+                         "output_tokens": 20 + 5 * k})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def byo_table() -> pd.DataFrame:
+    return prepared.from_turns(EXAMPLE)
+
+
+def test_from_turns_has_exactly_the_prepared_columns(byo_table, small_table):
+    assert list(byo_table.columns) == list(small_table.columns)
+    assert byo_table.dtypes.astype(str).to_dict() == small_table.dtypes.astype(str).to_dict()
+    assert (byo_table["dataset"] == "chat_trace").all()
+    q = prepared.model_matrix(byo_table, "quality")
+    assert np.all((q >= 0) & (q <= 1)) and (
+        prepared.model_matrix(byo_table, "est_output_tokens") >= 1).all()
+    assert byo_table.attrs["config"]["trace"]["sha256"] == datasets.sha256_of(EXAMPLE)
+    assert byo_table.attrs["config"]["quality_source"] == "predictor"
+
+
+def test_from_turns_takes_the_traces_times_and_numbers_sessions(byo_table):
+    t = byo_table
+    raw = pd.read_json(EXAMPLE, lines=True)
+    first = t["turn"] == 0
+    starts = raw.loc[raw["turn"] == 0].set_index("conversation_id")["timestamp"]
+    want = pd.to_datetime(starts[t.loc[first, "conversation_id"]]).map(pd.Timestamp.timestamp)
+    assert list(t.loc[first, "arrival_s"]) == list(want)
+    assert np.all(np.diff(t.loc[first, "arrival_s"].to_numpy()) >= 0)
+    assert list(t.loc[first, "session"]) == list(range(8))
+    think = raw.set_index(["conversation_id", "turn"])["think_s"]
+    later = t.loc[~first]
+    assert list(later["think_s"]) == list(think[list(zip(later["conversation_id"],
+                                                         later["turn"], strict=True))])
+    cfg = t.attrs["config"]["arrival"]
+    assert cfg["window_start"] == "2022-01-03T08:15:00+00:00"
+    assert prepared.scale_summary(t)["sessions"] == 8
+
+
+def test_from_turns_quality_and_estimates_are_the_datasets_pipeline(byo_table):
+    from carbonrouter_lib import output_length, quality, traces
+
+    turns = traces.read_turns(EXAMPLE)
+    est = output_length.estimate_output_tokens(turns, n_folds=5, seed=0)
+    q = quality.score_turns(turns, context_turns=1)
+    order = byo_table.set_index(["conversation_id", "turn"]).index
+    key = pd.MultiIndex.from_frame(turns[["conversation_id", "turn"]])
+    for j, m in enumerate(MODELS):
+        f = prepared.TOKENIZER_OF_MODEL[m]
+        want = pd.Series(est[f"est_output_tokens_{f}"].to_numpy(), index=key)[order]
+        assert list(byo_table[prepared.column("est_output_tokens", m)]) == list(want)
+        wq = pd.Series(q[:, j], index=key)[order]
+        np.testing.assert_allclose(byo_table[prepared.column("quality", m)], wq, rtol=1e-12)
+
+
+def test_from_turns_draws_what_the_trace_does_not_give():
+    trace = counts_trace()
+    for j, m in enumerate(MODELS):
+        trace[f"quality_{m}"] = 0.2 * j
+    a = prepared.from_turns(trace, seed=3)
+    assert a.attrs["config"]["quality_source"] == "columns" and (a["dataset"] == "trace").all()
+    cfg = ArrivalConfig()
+    first = a["turn"] == 0
+    assert a.loc[first, "arrival_s"].between(cfg.start_epoch_s, cfg.end_epoch_s).all()
+    assert (a.loc[~first, "think_s"] > 0).all()
+    pd.testing.assert_frame_equal(a, prepared.from_turns(trace, seed=3))
+    b = prepared.from_turns(trace, seed=4)
+    assert not np.allclose(a.loc[first, "arrival_s"], b.loc[first, "arrival_s"])
+    np.testing.assert_allclose(prepared.model_matrix(a, "quality")[0], [0, 0.2, 0.4, 0.6, 0.8])
+    short = ArrivalConfig(window_start="2022-06-01", window_days=1.0)
+    c = prepared.from_turns(trace, arrival=short)
+    assert c["arrival_s"].dropna().between(short.start_epoch_s, short.end_epoch_s).all()
+
+
+def test_from_turns_borrows_quality_for_a_trace_without_text():
+    trace = counts_trace()
+    donor = dataclasses.replace(SMALL, seed=0)
+    t = prepared.from_turns(trace, donor=donor, seed=2)
+    assert t.attrs["config"]["quality_source"] == "borrow"
+    cols = prepared.dataset_columns(donor)
+    big = "Llama-3.1-70B"
+    donor_len = (cols[prepared.column("new_tokens", big)]
+                 + cols[prepared.column("history_tokens", big)]).to_numpy()
+    target = (t[prepared.column("new_tokens", big)]
+              + t[prepared.column("history_tokens", big)]).to_numpy()
+    # borrow_quality draws in the trace's conversation order; the table is in start order
+    conv = t["conversation_id"].str.removeprefix("conv").astype(int).to_numpy()
+    order = np.lexsort((t["turn"].to_numpy(), conv))
+    q, _ = prepared.borrow_quality(target[order], donor_len,
+                                   prepared.model_matrix(cols, "quality"), seed=2)
+    np.testing.assert_array_equal(prepared.model_matrix(t, "quality")[order], q)
+
+
+def test_from_turns_errors():
+    trace = counts_trace()
+    with pytest.raises(ValueError, match="quality_source must be one of"):
+        prepared.from_turns(trace, quality_source="oracle")
+    with pytest.raises(ValueError, match="quality_source='columns' but the trace has no"):
+        prepared.from_turns(trace, quality_source="columns")
+    with pytest.raises(ValueError, match="quality_source='predictor' needs user_text"):
+        prepared.from_turns(trace, quality_source="predictor")
+    one = counts_trace(1)
+    with pytest.raises(ValueError, match="one conversation: the output-length estimate"):
+        prepared.from_turns(one, quality_source="borrow", donor=SMALL)
+    with pytest.raises(ValueError, match=r"row 1 \(conversation 'conv1', turn 0\): new_tokens"):
+        prepared.from_turns(trace.assign(new_tokens=[1, -1, 2, 3, 4, 5, 6]))
+
+
+def test_from_turns_takes_given_estimates_even_for_one_conversation():
+    one = counts_trace(1).assign(est_output_tokens=7)
+    for m in MODELS:
+        one[f"quality_{m}"] = 0.5
+    t = prepared.from_turns(one)
+    assert (prepared.model_matrix(t, "est_output_tokens") == 7).all()
+    # two conversations starting at the same instant keep their turns together
+    two = pd.concat([one, one.assign(conversation_id="other")], ignore_index=True)
+    two["timestamp"] = np.where(two["turn"] == 0, "2022-01-04T00:00:00Z", None)
+    t = prepared.from_turns(two.assign(think_s=np.where(two["turn"] == 0, np.nan, 5.0)))
+    assert list(t["session"]) == [0, 1] and list(t["conversation_id"]) == ["conv0", "other"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -334,3 +335,40 @@ def test_kv_memory_per_instance_follows_appendix_a():
         kv_tokens_per_instance("GPT-4", "A10")
     with pytest.raises(ValueError, match="do not fit"):
         kv_tokens_per_instance("Mistral-7B-v0.2", "A10", memory_fraction=0.5)
+
+
+# ---------------------------------------------------------------------------------------------
+# ProfileTable: a table with its content hash (what SimulationConfig.profiles holds)
+
+
+BYO_PROFILES = Path(__file__).parent / "data" / "byo" / "profiles_l4_h200.csv"
+
+
+def test_profile_table_from_a_dataframe_a_path_and_json(tmp_path):
+    from carbonrouter_lib.datasets import sha256_of
+    from carbonrouter_lib.profiles import ProfileTable
+
+    a = ProfileTable.of(analytical_profiles())
+    b = ProfileTable.of(analytical_profiles().copy())
+    assert a == b and hash(a) == hash(b) and a.path is None and len(a.sha256) == 64
+    assert ProfileTable.of(a) is a
+    assert ProfileTable.of(analytical_profiles(kappa=5.0)) != a
+    f = ProfileTable.of(BYO_PROFILES)
+    assert f.path == str(BYO_PROFILES.resolve()) and f.sha256 == sha256_of(BYO_PROFILES)
+    assert list(f.frame["gpu"].unique()) == ["L4", "H200"]
+    assert ProfileTable.of(f.to_json()) == f
+    # the JSON form checks that the file still holds what it held
+    copy = tmp_path / "p.csv"
+    copy.write_bytes(BYO_PROFILES.read_bytes())
+    ref = ProfileTable.of(str(copy)).to_json()
+    copy.write_text(copy.read_text().replace("9000", "9100"))
+    with pytest.raises(ProfileError, match=r"p\.csv: content changed"):
+        ProfileTable.of(ref)
+    with pytest.raises(TypeError, match="cannot be rebuilt from JSON"):
+        ProfileTable.of(a.to_json())
+    with pytest.raises(TypeError, match="DataFrame, a CSV path"):
+        ProfileTable.of(42)
+    with pytest.raises(ProfileError, match="line 3: e_in_kwh must be > 0"):
+        bad = tmp_path / "bad.csv"
+        bad.write_text(BYO_PROFILES.read_text().replace("5e-09", "-5e-09", 1))
+        ProfileTable.of(bad)

@@ -15,6 +15,7 @@ Monday 2022-01-03 00:00 UTC). Expected values are derived in the test with separ
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -904,3 +905,101 @@ def test_a_policy_without_choose_is_a_clear_error():
         run(_two_sessions(), _NoChoose(), ci_grid(100, 200))
     with pytest.raises(TypeError, match="policy must be a Policy or a registry name"):
         run(_two_sessions(), object(), ci_grid(100, 200))
+
+# Profiles and a carbon file of one's own in the setting
+
+
+def one_gpu_profiles(gpu: str = "X", scale: float = 1.0) -> pd.DataFrame:
+    """The analytical A100 rows under another GPU name, energies × ``scale``."""
+    p = _PROFILES[_PROFILES["gpu"] == "A100"].copy()
+    p["gpu"] = gpu
+    for col in ("e_in_kwh", "e_cache_kwh", "e_out_kwh"):
+        p[col] *= scale
+    return p.drop(columns=["relative_energy", "mfu"])
+
+
+def test_profiles_of_ones_own_drive_the_replay():
+    table = make_table([conversation(0.0, 3), conversation(30.0, 2, new=900)])
+    values = ci_grid([100, 300], [200, 50])
+    prof = one_gpu_profiles("X", scale=3.0)
+    res = simulate(table, "faircarbon", CONFIG, make_signal(values), AMPLE, profiles=prof)
+    rec = res.records
+    assert set(rec["gpu"]) == {"X"}
+    p = prof.set_index("model")
+    for _, r in rec.iterrows():
+        row = trow(table)[(r["session"], r["turn"])]
+        m = MODELS.index(r["model"])
+        e_in, e_cache, e_out = (p.loc[r["model"], c] for c in ("e_in_kwh", "e_cache_kwh",
+                                                                 "e_out_kwh"))
+        want = (e_in * (row["new_tokens"][m] + row["history_tokens"][m] - r["cached_tokens"])
+                + e_cache * r["cached_tokens"] + e_out * row["output_tokens"][m])
+        assert r["energy_kwh"] == pytest.approx(want, rel=TOL)
+        assert r["carbon_g"] == pytest.approx(want * ci_at(values, r["dispatch_s"])[
+            REGIONS.index(r["region"])], rel=TOL)
+    # the same replay through a config that carries the profiles, and through a CSV path
+    again = simulate(table, "faircarbon", CONFIG.with_profiles(prof), make_signal(values), AMPLE)
+    pd.testing.assert_frame_equal(again.records, rec)
+
+
+def test_profiles_are_cached_by_content_not_by_dataframe():
+    a = SimulationConfig(regions=REGIONS, profiles=one_gpu_profiles())
+    b = SimulationConfig(regions=REGIONS, profiles=one_gpu_profiles())
+    c = SimulationConfig(regions=REGIONS, profiles=one_gpu_profiles(scale=2.0))
+    assert a == b and hash(a) == hash(b) and a != c
+    assert a.deployments() is b.deployments()
+    assert a.deployments().gpus == ("X",) and a.deployments().n == 10
+    np.testing.assert_allclose(c.deployments().e_in, 2 * a.deployments().e_in)
+    assert CONFIG.deployments().gpus == ("A10", "A100", "H100")
+    with pytest.raises(ValueError, match="profiles lack the"):
+        SimulationConfig(profiles=one_gpu_profiles()[1:]).deployments()
+
+
+def test_capacity_is_split_over_the_profiles_gpu_types():
+    table = make_table([conversation(10.0 * i, 2) for i in range(8)])
+    two = pd.concat([one_gpu_profiles("X"), one_gpu_profiles("Y")], ignore_index=True)
+    cfg = SimulationConfig(regions=REGIONS, c=1.0, profiles=two)
+    p = peak_active_sessions(table)
+    assert backend_config(table, cfg).slots_per_pool == math.ceil(p / 2)
+    assert backend_config(table, SimulationConfig(regions=REGIONS, c=1.0)).slots_per_pool == (
+        math.ceil(p / 3))
+
+
+def test_file_fields_round_trip_and_keep_default_keys(tmp_path):
+    assert "profiles" not in CONFIG.to_dict() and "carbon_file" not in CONFIG.to_dict()
+    signal = make_signal(ci_grid(100, 200))
+    carbon = signal.to_csv(tmp_path / "signal.csv")
+    profiles = tmp_path / "profiles.csv"
+    one_gpu_profiles().to_csv(profiles, index=False)
+    cfg = SimulationConfig(regions=REGIONS, profiles=str(profiles), carbon_file=carbon)
+    d = json.loads(json.dumps(cfg.to_dict()))
+    assert d["carbon_file"]["path"] == str(carbon.resolve())
+    assert d["profiles"]["path"] == str(profiles.resolve()) and len(d["profiles"]["sha256"]) == 64
+    back = SimulationConfig(**d)
+    assert back == cfg and back.to_dict() == cfg.to_dict()
+    pd.testing.assert_frame_equal(back.signal().frame, signal.frame)
+    # a changed file is refused where the JSON form says what it held
+    carbon.write_text(carbon.read_text().replace("100.0", "101.0"))
+    with pytest.raises(ValueError, match=r"signal\.csv: content changed"):
+        SimulationConfig(**d)
+    with pytest.raises(ValueError, match=r"must be config\.regions \('A', 'C'\)"):
+        SimulationConfig(regions=("A", "C"), carbon_file=carbon)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        SimulationConfig(regions=REGIONS, carbon_file=tmp_path / "absent.csv")
+    in_memory = SimulationConfig(regions=REGIONS, profiles=one_gpu_profiles())
+    with pytest.raises(TypeError, match="cannot be rebuilt from JSON"):
+        SimulationConfig(**in_memory.to_dict())
+
+
+def test_simulate_takes_its_regions_from_a_signal_without_config():
+    table = make_table([conversation(0.0, 2)])
+    res = simulate(table, "faircarbon", signal=make_signal(ci_grid(100, 50)), backend=AMPLE)
+    assert set(res.records["region"]) <= set(REGIONS)
+
+
+def test_bad_file_fields(tmp_path):
+    with pytest.raises(TypeError, match="give a path or"):
+        SimulationConfig(regions=REGIONS, carbon_file={"path": "x.csv"})
+    with pytest.raises(TypeError, match="carbon_file must be a path"):
+        SimulationConfig(regions=REGIONS, carbon_file=3)
+    with pytest.raises(TypeError, match="profiles must be a DataFrame"):
+        SimulationConfig(profiles=3.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -253,3 +254,74 @@ def test_summary_runs_are_cached_and_equal_their_records(tmp_path):
     np.testing.assert_allclose(b.draws, a.draws, rtol=1e-10)
     with pytest.raises(ValueError, match="output"):
         RunSpec.make(WORKLOAD, SimulationConfig(), "faircarbon", output="everything")
+
+
+# --- inputs of one's own: a policy by import name, profiles and a signal by file -----------------
+
+BYO = Path(__file__).parent / "data" / "byo"
+BYO_POLICY = "my_policies:LowestEnergy"
+
+
+@pytest.fixture
+def byo_setting(tmp_path, monkeypatch):
+    """The example policy importable, the made-up regions' signal as a sweep's carbon file and
+    the example measured profiles: a setting of one's own by file paths."""
+    from carbonrouter_lib.carbon import CarbonSignal
+
+    monkeypatch.syspath_prepend(str(BYO))
+    signal = CarbonSignal.from_csv({"Solaria": BYO / "solaria_hourly.csv",
+                                    "Ventosa": BYO / "ventosa_15min.csv"})
+    carbon = signal.to_csv(tmp_path / "signal.csv")
+    return SimulationConfig(regions=signal.regions, carbon_file=str(carbon),
+                            profiles=str(BYO / "profiles_l4_h200.csv"))
+
+
+def test_specs_of_ones_own_inputs_are_checked_json_and_keyed_by_content(byo_setting, tmp_path,
+                                                                       monkeypatch):
+    spec = RunSpec.make(WORKLOAD, byo_setting, BYO_POLICY, {"tolerance": 0.1})
+    d = json.loads(json.dumps(spec.to_dict()))
+    assert d["simulation"]["profiles"]["path"].endswith("profiles_l4_h200.csv")
+    assert RunSpec(**d).key() == spec.key() and RunSpec(**d).simulation_config() == byo_setting
+    assert RunSpec.make(WORKLOAD, byo_setting, BYO_POLICY).key() != spec.key()
+    # a policy module's source is part of the key
+    (tmp_path / "mod_v.py").write_text("from carbonrouter_lib.policies.oblivious import "
+                                       "FairCarbon as F\nclass P(F):\n    name = 'p'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = RunSpec.make(WORKLOAD, SimulationConfig(), "mod_v:P").key()
+    (tmp_path / "mod_v.py").write_text((tmp_path / "mod_v.py").read_text() + "# edited\n")
+    assert RunSpec.make(WORKLOAD, SimulationConfig(), "mod_v:P").key() != before
+    # a changed profile file changes the key (and an old spec of it is refused)
+    prof = tmp_path / "p.csv"
+    prof.write_bytes((BYO / "profiles_l4_h200.csv").read_bytes())
+    a = RunSpec.make(WORKLOAD, SimulationConfig(profiles=str(prof)), "faircarbon")
+    prof.write_text(prof.read_text().replace("9000", "9001"))
+    b = RunSpec.make(WORKLOAD, SimulationConfig(profiles=str(prof)), "faircarbon")
+    assert a.key() != b.key()
+    with pytest.raises(ValueError, match="content changed"):
+        RunSpec(**a.to_dict())
+    # checked when made, in the parent
+    with pytest.raises(ValueError, match="RunSpec: policy 'my_policies:Nope'"):
+        RunSpec.make(WORKLOAD, SimulationConfig(), "my_policies:Nope")
+    with pytest.raises(TypeError, match="cannot be rebuilt from JSON"):
+        RunSpec.make(WORKLOAD, SimulationConfig(profiles=pd.read_csv(prof)), "faircarbon")
+
+
+def test_sweep_with_ones_own_inputs_serial_and_on_dask(byo_setting, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    specs = {p: RunSpec.make(WORKLOAD, byo_setting, p) for p in (BYO_POLICY, "faircarbon")}
+    serial = sweep.run_named(specs, cache_dir=tmp_path / "serial", serial=True, progress=False)
+    # The replay the specs name, run directly.
+    direct = run_policies(prepare_workload(WORKLOAD), byo_setting, list(specs))
+    for p in specs:
+        pd.testing.assert_frame_equal(serial[p], direct[p].reset_index(drop=True),
+                                      check_dtype=False)
+        assert set(serial[p]["gpu"]) <= {"L4", "H200"}
+        assert set(serial[p]["region"]) <= {"Solaria", "Ventosa"}
+    assert (serial[BYO_POLICY]["policy"] == "lowest-energy").all()
+    # Workers started after the policy's folder is on sys.path import it by name.
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as cluster:
+        on_dask = sweep.run_named(specs, client=cluster, cache_dir=tmp_path / "dask",
+                                  progress=False)
+    for p in specs:
+        pd.testing.assert_frame_equal(on_dask[p], serial[p])

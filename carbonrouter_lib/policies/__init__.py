@@ -20,10 +20,17 @@ asks the policy for a deployment::
 
 (``ctx.fill(...)`` fills a one-off context from per-model arrays instead of a batch row.)
 
-Adding a policy: one :class:`Policy` subclass and one line in :data:`POLICIES`.
+Adding a policy: one :class:`Policy` subclass and one line in :data:`POLICIES`. A policy of one's
+own, outside this package, needs no registry line: name it by import, ``"package.module:Class"``
+(:func:`policy_class`), wherever a policy name is taken (:func:`make_policy`, ``simulate``,
+``experiments.run_policies``, ``sweep.RunSpec``). Dask workers import it by that name, so it
+reaches them where an entry added to :data:`POLICIES` at run time would not (the module must be
+importable on the workers: installed, or on their ``sys.path``).
 """
 
 from __future__ import annotations
+
+import importlib
 
 from carbonrouter_lib.policies.affinity import CarbonAffinity, SessionAffinity
 from carbonrouter_lib.policies.base import (
@@ -49,6 +56,7 @@ from carbonrouter_lib.policies.oblivious import FairCarbon, GARDagger
 __all__ = [
     "POLICIES",
     "make_policy",
+    "policy_class",
     "Candidates",
     "ConstraintConfig",
     "Policy",
@@ -85,13 +93,52 @@ POLICIES: dict[str, type[Policy]] = {
 }
 
 
+def policy_class(name: str) -> type[Policy]:
+    """The class of a policy name: a registry name (:data:`POLICIES`) or an import name
+    ``"package.module:Class"`` of a :class:`Policy` subclass defined anywhere importable.
+
+    Raises
+    ------
+    KeyError
+        ``name`` is neither a registry name nor of the form ``"module:Class"``.
+    ValueError
+        The module cannot be imported, has no such attribute, or it is not a Policy subclass.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"a policy name must be a str, got {type(name).__name__}")
+    if name in POLICIES:
+        return POLICIES[name]
+    module_name, sep, attr = name.partition(":")
+    if not sep or not module_name or not attr:
+        raise KeyError(f"unknown policy {name!r}; one of {sorted(POLICIES)}, or a Policy "
+                       f"subclass by import name 'package.module:Class'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"policy {name!r}: cannot import module {module_name!r} ({exc}); it "
+                         f"must be importable here and on every worker") from None
+    obj = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"policy {name!r}: module {module_name!r} has no attribute "
+                             f"{attr!r}") from None
+    if not (isinstance(obj, type) and issubclass(obj, Policy)):
+        raise ValueError(f"policy {name!r}: {attr} is {obj!r}, not a subclass of "
+                         f"carbonrouter_lib.policies.Policy")
+    return obj
+
+
 def make_policy(name: str, **params) -> Policy:
-    """A new policy instance (fresh per-session state) from its registry name and parameters."""
+    """A new policy instance (fresh per-session state) from its name (a registry name or an
+    import name ``"package.module:Class"``, see :func:`policy_class`) and parameters. A policy
+    class without a ``name`` of its own is named by its import name in the records."""
+    cls = policy_class(name)
     try:
-        cls = POLICIES[name]
-    except KeyError:
-        raise KeyError(f"unknown policy {name!r}; one of {sorted(POLICIES)}") from None
-    try:
-        return cls(**params)
+        policy = cls(**params)
     except TypeError as exc:
         raise TypeError(f"bad parameters {params} for policy {name!r}: {exc}") from None
+    if not policy.name:
+        policy.name = name
+    return policy
