@@ -36,6 +36,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from carbonrouter_lib.paper import SECTION2_CARBON
+
 __all__ = [
     "AnnualSpan",
     "CarbonConfig",
@@ -46,7 +48,6 @@ __all__ = [
     "ENTSOE_LCA_COLUMN",
     "ENTSOE_TIME_COLUMN",
     "PAPER_COUNTRIES_21",
-    "PAPER_SECTION2",
     "REGION_SETS",
     "ShiftedSeries",
     "annual_means_span",
@@ -83,20 +84,6 @@ WRAP_WEEKS = 52
 REGION_SETS: dict[str, tuple[str, ...]] = {
     "paper": ("AT", "GB", "BE", "US-CAL-CISO"),
     "em-only": ("CH", "GB", "BE", "US-CAL-CISO"),
-}
-
-#: The paper's Section-2 numbers (spec §10), for display beside ours.
-PAPER_SECTION2: dict[str, object] = {
-    "annual_span_ratio": 20.4,
-    "annual_span_n_countries": 21,
-    "annual_max": ("India", 705.0),
-    "annual_min": ("Switzerland", 35.0),
-    "range_ratio_low": 2.7,
-    "range_ratio_high": 5.9,
-    "range_ratio_year": 2025,
-    "median_cross_region_ratio": 2.25,
-    "cleanest_share_low": 0.13,
-    "cleanest_share_high": 0.32,
 }
 
 #: Our reconstruction of the paper's 21 countries (ISO3) for Fig. 1(a). The paper names only its
@@ -1458,9 +1445,10 @@ def section2_comparison(stats: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
         columns ``quantity``, ``region``, ``paper`` (text), one float column ``ours (<set>)`` per
         set (NaN where the set lacks the region) and ``note``.
     """
-    p = PAPER_SECTION2
+    p = SECTION2_CARBON
     paper_text = {
-        "max_over_min": f"{p['range_ratio_low']}–{p['range_ratio_high']}× (over 2025)",
+        "max_over_min": (f"{p['range_ratio_low']}–{p['range_ratio_high']}× "
+                         f"(over {p['range_ratio_year']})"),
         "p99_over_p1": "",
         "median_cross_region_ratio": f"{p['median_cross_region_ratio']}×",
         "cleanest_share": f"{p['cleanest_share_low']:.0%}–{p['cleanest_share_high']:.0%} each",

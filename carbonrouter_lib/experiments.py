@@ -4,7 +4,8 @@
 capacity, carbon signal and constraints); :func:`table1` turns the records into the paper's
 Table 1 (CO2, quality and energy normalized to Session-Affinity, P95 TTFT in seconds, and
 CarbonRouter's CO2 saving over each policy with a paired session-level bootstrap 95% CI), and
-:func:`mechanisms` into the quantities of the paper's mechanism figures (spec §10).
+:func:`mechanisms` into the quantities of the paper's mechanism figures. The paper's own numbers
+are in :mod:`carbonrouter_lib.paper`.
 """
 
 from __future__ import annotations
@@ -15,88 +16,28 @@ import pandas as pd
 
 from carbonrouter_lib import metrics
 from carbonrouter_lib.carbon import CarbonSignal
+from carbonrouter_lib.paper import SENSITIVITY
 from carbonrouter_lib.simulator import SimulationConfig, backend_config, setting, simulate
 
-__all__ = ["MAIN_POLICIES", "ABLATIONS", "SENSITIVITY_AXES", "PAPER_TABLE1", "PAPER_TABLE2",
-           "PAPER_FIGURE5", "PAPER_MECHANISMS", "run_policies", "summaries", "savings", "table1",
-           "table2", "ablation_by_session_length", "mechanisms"]
+__all__ = ["MAIN_POLICIES", "ABLATIONS", "SENSITIVITY_AXES", "run_policies", "summaries",
+           "savings", "table1", "table2", "ablation_by_session_length", "mechanisms"]
 
 #: Policies of Table 1, in the paper's row order.
 MAIN_POLICIES: tuple[str, ...] = (
     "session-affinity", "carbon-affinity", "gar", "faircarbon", "carbonrouter",
 )
 
-#: The paper's Table 1 (spec §10): per dataset and policy, CO2 and quality normalized to
-#: Session-Affinity, P95 TTFT (s) and CarbonRouter's CO2 saving over the policy (%).
-PAPER_TABLE1 = pd.DataFrame(
-    [
-        ("ShareChat", "session-affinity", 1.000, 1.000, 0.05, 53.7),
-        ("ShareChat", "carbon-affinity", 0.586, 0.999, 0.09, 21.0),
-        ("ShareChat", "gar", 0.630, 0.973, 1.72, 26.5),
-        ("ShareChat", "faircarbon", 0.545, 0.973, 1.67, 15.1),
-        ("ShareChat", "carbonrouter", 0.463, 0.979, 0.52, float("nan")),
-        ("ShareGPT", "session-affinity", 1.000, 1.000, 0.04, 54.9),
-        ("ShareGPT", "carbon-affinity", 0.575, 1.000, 0.05, 21.6),
-        ("ShareGPT", "gar", 0.660, 0.976, 0.56, 31.6),
-        ("ShareGPT", "faircarbon", 0.544, 0.976, 0.53, 17.0),
-        ("ShareGPT", "carbonrouter", 0.451, 0.979, 0.20, float("nan")),
-    ],
-    columns=["dataset", "policy", "co2_rel", "quality_rel", "p95_ttft_s", "saving_pct"],
-)
-
-#: The sensitivity grids around the paper defaults (spec §10): Table 3 (γ × κ) and Table 4
-#: (c × β_Q, KV memory scaled with c), as :func:`carbonrouter_lib.sweep.grid_specs` axes.
+#: The sensitivity grids around the paper defaults: the rows and columns of the paper's Table 3
+#: (γ × κ) and Table 4 (c × β_Q, KV memory scaled with c), :data:`carbonrouter_lib.paper.
+#: SENSITIVITY`, as :func:`carbonrouter_lib.sweep.grid_specs` axes (lists of floats, rows first).
 SENSITIVITY_AXES: dict[str, dict[str, list[float]]] = {
-    "gamma_kappa": {"gamma": [0.025, 0.05, 0.1], "kappa": [5.0, 6.0, 8.0]},
-    "c_beta": {"c": [0.5, 0.35, 0.25], "beta_q": [0.8, 0.85, 0.9]},
+    name: {t.index.name: [float(v) for v in t.index],
+           t.columns.name: [float(v) for v in t.columns]}
+    for name, t in SENSITIVITY.items()
 }
 
 #: CarbonRouter and its ablations (spec §7.6), Table 2's rows.
 ABLATIONS: tuple[str, ...] = ("carbonrouter", "carbonrouter-no-gate", "carbonrouter-no-pricing")
-
-_NAN = float("nan")
-#: The paper's Table 2 (ShareChat, spec §10): CO2 and energy normalized to Session-Affinity, P95
-#: TTFT (s), and each ablation's change over CarbonRouter (%) with its 95% CI.
-PAPER_TABLE2 = pd.DataFrame(
-    [
-        ("carbonrouter", 0.463, 0.826, 0.52, _NAN, _NAN, _NAN, _NAN, _NAN, _NAN),
-        ("carbonrouter-no-gate", 0.479, 0.854, 0.89, 3.5, 2.6, 4.6, 71.4, 60.3, 81.9),
-        ("carbonrouter-no-pricing", 0.504, 0.907, 0.74, 8.9, 7.8, 10.2, 42.4, 35.7, 49.6),
-    ],
-    columns=["policy", "co2_rel", "energy_rel", "p95_ttft_s", "dco2_pct", "dco2_low_pct",
-             "dco2_high_pct", "dttft_pct", "dttft_low_pct", "dttft_high_pct"],
-)
-
-#: The paper's Figure 5 numbers (ShareChat, spec §10): CO2 cost of removing the gate (%) and
-#: switches the gate blocks per session, overall and for sessions with > 30 turns.
-PAPER_FIGURE5 = pd.DataFrame(
-    [("all", 3.5, 0.7), ("> 30", 7.3, 4.1)],
-    columns=["group", "no_gate_dco2_pct", "gate_blocked_per_session"],
-)
-
-#: The paper's mechanism numbers (spec §10), for the figures' reference markers.
-PAPER_MECHANISMS = pd.DataFrame(
-    [
-        ("ShareGPT", "carbonrouter", "share_in_cleanest_region", 0.67),
-        ("ShareGPT", "faircarbon", "share_in_cleanest_region", 0.67),
-        ("ShareChat", "carbonrouter", "share_in_cleanest_region", 0.57),
-        ("ShareChat", "faircarbon", "share_in_cleanest_region", 0.57),
-        ("ShareGPT", "faircarbon", "share_history_recomputed", 0.255),
-        ("ShareGPT", "carbonrouter", "share_history_recomputed", 0.100),
-        ("ShareChat", "faircarbon", "share_history_recomputed", 0.277),
-        ("ShareChat", "carbonrouter", "share_history_recomputed", 0.094),
-        ("ShareChat", "gar", "share_history_recomputed", 0.286),
-        ("ShareChat", "carbon-affinity", "share_history_recomputed", 0.029),
-        ("ShareChat", "faircarbon", "switches_per_session", 7.14),
-        ("ShareChat", "carbonrouter", "switches_per_session", 5.58),
-        ("ShareChat", "carbon-affinity", "share_on_70b", 0.875),
-        ("ShareChat", "session-affinity", "share_on_70b", 0.900),
-        ("ShareGPT", "session-affinity", "share_on_70b", 0.820),
-        ("ShareChat", "carbonrouter", "share_best_effort", 0.0018),
-        ("ShareChat", "faircarbon", "share_best_effort", 0.0076),
-    ],
-    columns=["dataset", "policy", "metric", "paper"],
-)
 
 MECHANISM_METRICS: tuple[str, ...] = (
     "share_in_cleanest_region", "share_history_recomputed", "switches_per_session",
