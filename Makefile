@@ -1,6 +1,7 @@
 # carbonrouter — the two commands of the README:
 #   make reproduce   create .venv, install pinned deps, fetch + verify data, execute every notebook
 #   make test        create/update .venv, ruff, pytest (unit + property), nbval on small parameters
+#   make lab         create/update .venv, fetch data, register the kernel, start JupyterLab
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3
@@ -9,8 +10,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NBVAL_DIR := build/nbval
 PYTEST_WORKERS ?= 2
+LAB_PORT ?= 8888
 
-.PHONY: reproduce test env data lint unit nbval benchmarks clean strip
+.PHONY: reproduce test env data lint unit nbval benchmarks clean strip lab kernel
 
 reproduce: env data
 	$(BIN)/python -m carbonrouter_lib.notebooks run
@@ -37,9 +39,21 @@ lint: env
 unit: env
 	$(BIN)/python -m pytest tests -n $(PYTEST_WORKERS) -q
 
+# The notebooks name the kernel `carbonrouter` (for JupyterLab); nbval runs them on this venv's
+# Python whether or not that kernel is registered.
 nbval: env
 	$(BIN)/python -m carbonrouter_lib.notebooks prepare-tests $(NBVAL_DIR)
-	$(BIN)/python -m pytest --nbval-lax $(NBVAL_DIR) -n $(PYTEST_WORKERS) --dist loadfile -q -p no:cacheprovider
+	$(BIN)/python -m pytest --nbval-lax --nbval-current-env $(NBVAL_DIR) -n $(PYTEST_WORKERS) --dist loadfile -q -p no:cacheprovider
+
+# The Jupyter kernel `carbonrouter` (this venv's Python), registered inside the venv
+# (.venv/share/jupyter/kernels/carbonrouter), where the venv's JupyterLab looks; not in ~/.local.
+kernel: env
+	$(BIN)/python -m carbonrouter_lib.notebooks kernel
+
+# JupyterLab on http://127.0.0.1:$(LAB_PORT) (LAB_PORT=... to change) serving notebooks/, every
+# notebook on the `carbonrouter` kernel; notebooks/explore.ipynb is the interactive explorer.
+lab: env data
+	$(BIN)/python -m carbonrouter_lib.notebooks lab --port $(LAB_PORT)
 
 # CPU benchmarks; benchmarks/gpu_profile.py needs an NVIDIA GPU (or --tiny for a CPU dry run).
 benchmarks: env
