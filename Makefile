@@ -11,8 +11,10 @@ STAMP := $(VENV)/.installed
 NBVAL_DIR := build/nbval
 PYTEST_WORKERS ?= 2
 LAB_PORT ?= 8888
+# Debian's Chromium, driven by Playwright in tests/test_explorer_browser.py (it downloads no browser).
+CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: reproduce test env data lint unit nbval benchmarks clean strip lab kernel
+.PHONY: reproduce test env data lint unit nbval benchmarks clean strip lab kernel browser
 
 reproduce: env data
 	$(BIN)/python -m carbonrouter_lib.notebooks run
@@ -36,8 +38,8 @@ data: env
 lint: env
 	$(BIN)/ruff check .
 
-unit: env
-	$(BIN)/python -m pytest tests -n $(PYTEST_WORKERS) -q
+unit: env browser
+	CARBONROUTER_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests -n $(PYTEST_WORKERS) -q
 
 # The notebooks name the kernel `carbonrouter` (for JupyterLab); nbval runs them on this venv's
 # Python whether or not that kernel is registered.
@@ -54,6 +56,21 @@ kernel: env
 # notebook on the `carbonrouter` kernel; notebooks/explore.ipynb is the interactive explorer.
 lab: env data
 	$(BIN)/python -m carbonrouter_lib.notebooks lab --port $(LAB_PORT)
+
+# Debian's chromium for the explorer's browser test: installed with apt-get when missing and we are
+# root (as in CI). Otherwise the test is skipped and says why (fails instead where
+# CARBONROUTER_REQUIRE_BROWSER=1, as .ci/run sets).
+browser:
+	@if [ -x "$(CHROMIUM)" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Debian's chromium for tests/test_explorer_browser.py"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
+	    || echo "WARNING: apt-get could not install chromium; the browser test will not run"; \
+	else \
+	  echo "NOTE: no $(CHROMIUM), and apt-get is not available to this user: the browser test" \
+	       "will be skipped (as root: apt-get install chromium)"; \
+	fi
 
 # CPU benchmarks; benchmarks/gpu_profile.py needs an NVIDIA GPU (or --tiny for a CPU dry run).
 benchmarks: env
