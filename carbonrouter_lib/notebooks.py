@@ -12,6 +12,10 @@ selection with parameters. ``make test`` injects the small parameters of
 ``notebooks/test_parameters.json`` into copies under ``build/nbval/`` and lets nbval execute them
 (any exception or failed ``assert`` fails the test). ``python -m carbonrouter_lib.notebooks
 readme`` rewrites the README's table of every notebook's parameters (a test checks it is current).
+
+In JupyterLab the notebooks ask for the project's kernel, :data:`KERNEL_NAME`, which ``make lab``
+registers with :func:`register_kernel`. Headless runs need no registration: they use the kernel of
+the interpreter that runs them (:data:`HEADLESS_KERNEL`; nbval's ``--nbval-current-env``).
 """
 
 from __future__ import annotations
@@ -23,12 +27,14 @@ import os
 import sys
 import time
 import types
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["NOTEBOOK_DIR", "Parameter", "list_notebooks", "parameters", "setup",
-           "parameters_markdown", "small_parameters", "prepare_for_tests", "run_all"]
+__all__ = ["NOTEBOOK_DIR", "KERNEL_NAME", "KERNEL_DISPLAY_NAME", "HEADLESS_KERNEL", "Parameter",
+           "list_notebooks", "parameters", "setup", "parameters_markdown", "small_parameters",
+           "prepare_for_tests", "run_all", "register_kernel", "lab_command"]
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = REPO_DIR / "notebooks"
@@ -135,10 +141,19 @@ def all_notebooks() -> list[Path]:
     return numbered + sorted(set(NOTEBOOK_DIR.glob("*.ipynb")) - set(numbered))
 
 
+def _has_parameters_cell(path: Path) -> bool:
+    cells = json.loads(path.read_text())["cells"]
+    return any("parameters" in c.get("metadata", {}).get("tags", []) for c in cells)
+
+
 def parameters_markdown() -> str:
     """The README's table of every notebook's parameters (name, default, comment)."""
     rows = ["| notebook | parameter | default | meaning |", "|---|---|---|---|"]
     for nb in all_notebooks():
+        if not _has_parameters_cell(nb):
+            # The explorer is interactive: its widgets, not papermill, set its inputs.
+            rows.append(f"| `{nb.stem}` | – | – | none: set with the notebook's controls |")
+            continue
         for p in parameters(nb).values():
             src = p.source.replace("|", "\\|")
             rows.append(f"| `{nb.stem}` | `{p.name}` | `{src}` | {p.comment.replace('|', '/')} |")
@@ -156,6 +171,15 @@ def update_readme(path: Path = README) -> bool:
     if new != text:
         path.write_text(new)
     return new != text
+
+#: The kernel spec every notebook names in its metadata: this environment's Python, registered by
+#: :func:`register_kernel` (``make lab``), so JupyterLab runs the notebooks with the pinned packages
+#: whichever Python started the server.
+KERNEL_NAME = "carbonrouter"
+KERNEL_DISPLAY_NAME = "Python 3 (carbonrouter)"
+#: The kernel of papermill runs: jupyter_client maps ipykernel's own spec, ``python3``, to the
+#: interpreter that runs papermill, so `make reproduce` needs no registered kernel.
+HEADLESS_KERNEL = "python3"
 
 
 def list_notebooks(notebook_dir: Path = NOTEBOOK_DIR) -> list[Path]:
@@ -241,6 +265,7 @@ def run_all(
                 str(nb), str(tmp), cwd=str(nb.parent), progress_bar=True,
                 parameters={"figures_dir": str(figures_dir), "results_dir": str(results_dir),
                             **params},
+                kernel_name=HEADLESS_KERNEL,
             )
         except BaseException:
             if tmp.exists():
@@ -254,6 +279,47 @@ def run_all(
     return times
 
 
+def register_kernel(prefix: str | os.PathLike | None = None) -> Path:
+    """Register this interpreter as the Jupyter kernel :data:`KERNEL_NAME` and return the spec's
+    folder.
+
+    The spec goes under ``<prefix>/share/jupyter/kernels/`` (default ``sys.prefix``, i.e. inside
+    the virtual environment, which every Jupyter started from it searches; nothing is written to
+    the user's home). Its command is this interpreter's path as the environment names it
+    (``.venv/bin/python``, not the base Python it links to), so the kernel imports the pinned
+    packages. Registering again overwrites the spec.
+    """
+    from ipykernel import kernelspec
+
+    where = kernelspec.install(kernel_name=KERNEL_NAME, display_name=KERNEL_DISPLAY_NAME,
+                               prefix=str(prefix if prefix is not None else sys.prefix))
+    return Path(where)
+
+
+def lab_command(
+    port: int = 8888,
+    root_dir: str | os.PathLike = NOTEBOOK_DIR,
+    token: str | None = None,
+    open_browser: bool = True,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The command line of ``make lab``: this environment's JupyterLab serving ``root_dir`` on
+    127.0.0.1:``port`` (loopback only: the server runs code), new notebooks on the project's
+    kernel :data:`KERNEL_NAME`. ``token`` None lets Jupyter generate one (printed in the URL it
+    shows); ``extra`` are further ``--Class.trait=value`` options."""
+    cmd = [sys.executable, "-m", "jupyterlab", "--ServerApp.ip=127.0.0.1",
+           f"--ServerApp.port={int(port)}", f"--ServerApp.root_dir={Path(root_dir).resolve()}",
+           f"--MappingKernelManager.default_kernel_name={KERNEL_NAME}",
+           f"--ServerApp.open_browser={open_browser}"]
+    if token is not None:
+        cmd.append(f"--IdentityProvider.token={token}")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        # Jupyter refuses root unless told; root is what a container or CI machine runs as, and
+        # the server listens on loopback only, behind its token.
+        cmd.append("--ServerApp.allow_root=True")
+    return cmd + list(extra)
+
+
 def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m carbonrouter_lib.notebooks")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -265,11 +331,23 @@ def _main(argv: list[str] | None = None) -> int:
     p_prep = sub.add_parser("prepare-tests", help="inject test parameters into copies for nbval")
     p_prep.add_argument("dest", type=Path)
     sub.add_parser("readme", help="rewrite the README's table of notebook parameters")
+    p_kernel = sub.add_parser("kernel", help=f"register this Python as the Jupyter kernel "
+                                             f"{KERNEL_NAME!r} (make lab)")
+    p_kernel.add_argument("--prefix", type=Path, default=None,
+                          help="install prefix (default: this environment, sys.prefix)")
+    p_lab = sub.add_parser("lab", help="register the kernel and start JupyterLab (make lab)")
+    p_lab.add_argument("--port", type=int, default=8888)
     args = parser.parse_args(argv)
     if args.cmd == "readme":
         print("README updated" if update_readme() else "README already current")
         return 0
-    if args.cmd == "run":
+    if args.cmd in ("kernel", "lab"):
+        where = register_kernel(getattr(args, "prefix", None))
+        print(f"kernel {KERNEL_NAME!r} ({sys.executable}) registered in {where}", flush=True)
+        if args.cmd == "lab":
+            cmd = lab_command(args.port)
+            os.execv(cmd[0], cmd)  # JupyterLab takes over this process (and Ctrl-C)
+    elif args.cmd == "run":
         import yaml
 
         params = {name: yaml.safe_load(value) for name, value in args.parameter}

@@ -108,13 +108,14 @@ def test_runner_passes_parameters_and_rejects_unknown_ones(tmp_path, capsys):
     assert "ratio = 0.3" in "".join(injected["source"])
     assert (tmp_path / "fig" / "fig2c_break_even.png").is_file()
 
+
 def test_byo_notebook_runs_on_the_example_files(tmp_path):
     """notebooks/byo_data.ipynb end to end (its own asserts included) on tests/data/byo."""
     import papermill as pm
 
     out = tmp_path / "byo_data.ipynb"
     pm.execute_notebook(str(BYO_NOTEBOOK), str(out), cwd=str(BYO_NOTEBOOK.parent),
-                        progress_bar=False,
+                        kernel_name=notebooks.HEADLESS_KERNEL, progress_bar=False,
                         parameters={"figures_dir": str(tmp_path / "fig"),
                                     "results_dir": str(tmp_path / "res"), "n_boot": 200})
     t1 = pd.read_csv(tmp_path / "res" / "byo_table1.csv")
