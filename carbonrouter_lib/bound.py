@@ -51,9 +51,11 @@ import numpy as np
 import pandas as pd
 
 from carbonrouter_lib import cost, prepared
+from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.deployments import Deployments
 from carbonrouter_lib.outputs import atomic_path
 from carbonrouter_lib.policies import QueryBatch
+from carbonrouter_lib.setting import SimulationConfig
 
 __all__ = ["BOUND_CODE_VERSION", "bound_candidates", "bound_comparison",
            "capacity_rejected_sessions", "clairvoyant_bound", "ensure_bound", "session_bound_dp"]
@@ -168,8 +170,8 @@ def session_bound_dp(
 
 def clairvoyant_bound(
     table: pd.DataFrame,
-    config: Any = None,
-    signal: Any = None,
+    config: SimulationConfig | None = None,
+    signal: CarbonSignal | None = None,
     max_tracked: int = 8,
     progress: bool = False,
 ) -> pd.DataFrame:
@@ -180,7 +182,7 @@ def clairvoyant_bound(
     table
         Prepared workload (rows grouped by session, turns in order).
     config
-        :class:`~carbonrouter_lib.simulator.SimulationConfig` (regions, carbon year, β_Q, κ, γ).
+        :class:`~carbonrouter_lib.setting.SimulationConfig` (regions, carbon year, β_Q, κ, γ).
     signal
         Carbon signal (default: from ``config``).
     max_tracked
@@ -198,8 +200,6 @@ def clairvoyant_bound(
         ("deployment" or "region+model").
         ``carbon_g.sum()`` per session is the session's bound.
     """
-    from carbonrouter_lib.simulator import SimulationConfig
-
     config = config or SimulationConfig()
     signal = config.signal(signal)
     deps = config.deployments()
@@ -264,9 +264,10 @@ def clairvoyant_bound(
         # turn k − 2 = the history of turn k − 1 (0 for k = 0).
         h_prev = np.vstack([np.zeros((1, used.size)), n_hist[:-1]])
         ei, ec, eo = e_in[used], e_cache[used], e_out[used]
-        e_none = ei * (n_new + n_hist) + eo * n_out
-        e_full = ei * n_new + ec * n_hist + eo * n_out
-        e_rev = ei * n_new + ec * h_prev + ei * (n_hist - h_prev) + eo * n_out
+        # Eq. 4 with nothing, the history up to turn k − 2, and the whole history cached.
+        e_none = cost.energy_kwh(ei, ec, eo, n_new, n_hist, 0.0, n_out)
+        e_rev = cost.energy_kwh(ei, ec, eo, n_new, n_hist, h_prev, n_out)
+        e_full = cost.energy_base_kwh(ei, ec, eo, n_new, n_hist, n_out)
         ci = ci_min[:, r]
         if used.size <= max_tracked:
             flags, tracking = 1 << np.arange(used.size), "deployment"

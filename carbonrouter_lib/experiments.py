@@ -15,9 +15,11 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 
 from carbonrouter_lib import metrics
+from carbonrouter_lib.build import build_policy
 from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.paper import SENSITIVITY
-from carbonrouter_lib.simulator import SimulationConfig, backend_config, setting, simulate
+from carbonrouter_lib.setting import SimulationConfig, backend_config, setting
+from carbonrouter_lib.simulator import simulate
 
 __all__ = ["MAIN_POLICIES", "ABLATIONS", "SENSITIVITY_AXES", "run_policies", "summaries",
            "savings", "table1", "table2", "ablation_by_session_length", "mechanisms"]
@@ -78,7 +80,8 @@ def run_policies(
     capacity = backend_config(table, config)
     out = {}
     for name in policies:
-        res = simulate(table, name, config, signal=signal, backend=capacity, progress=progress)
+        policy = build_policy(name, table, config, signal=signal, backend=capacity)
+        res = simulate(table, policy, config, signal=signal, backend=capacity, progress=progress)
         out[name] = res.records
     return out
 

@@ -12,7 +12,7 @@ the full records of the same run (notebook 04's Table 1 at the default scale), t
 summarized instead of replaying again.
 
 Units: CO2 and energy relative to Session-Affinity, P95 TTFT in s, savings in %, γ and κ as in
-:class:`~.simulator.SimulationConfig` (dimensionless), c in sessions per active session, β_Q in
+:class:`~.setting.SimulationConfig` (dimensionless), c in sessions per active session, β_Q in
 [0, 1]; the replay window starts at 00:00 UTC of a date and lasts 7 days.
 """
 
@@ -34,7 +34,7 @@ from carbonrouter_lib import paper as paper_numbers
 from carbonrouter_lib.carbon import REGION_SETS
 from carbonrouter_lib.policies import POLICIES
 from carbonrouter_lib.prepared import DATASETS, WorkloadConfig
-from carbonrouter_lib.simulator import SimulationConfig
+from carbonrouter_lib.setting import SimulationConfig
 from carbonrouter_lib.workload import ArrivalConfig
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ _DECIMALS = 6
 class ExplorerSettings:
     """One setting of the explorer: the workload, its scale, the simulation parameters and the
     policies to compare. Defaults are the results notebooks' (:mod:`.scale`) and the paper's
-    (:class:`~.simulator.SimulationConfig`).
+    (:class:`~.setting.SimulationConfig`).
 
     Attributes
     ----------

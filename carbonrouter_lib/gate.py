@@ -45,12 +45,14 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from carbonrouter_lib import cost, prepared
+from carbonrouter_lib.backend import BackendConfig
+from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.outputs import atomic_path
 from carbonrouter_lib.policies import (
     Candidates,
@@ -58,6 +60,11 @@ from carbonrouter_lib.policies import (
     QueryContext,
     feasibility,
 )
+from carbonrouter_lib.prepared import conversation_folds
+from carbonrouter_lib.setting import SimulationConfig
+
+if TYPE_CHECKING:  # XGBoost is imported where a gate is trained or loaded
+    import xgboost
 
 __all__ = [
     "FEATURES",
@@ -70,7 +77,6 @@ __all__ = [
     "ensure_gate",
     "gate_features",
     "gate_path",
-    "session_folds",
     "train_gate",
 ]
 
@@ -168,7 +174,8 @@ class TwoBranchLabeler:
 
     name = "two-branch-labeler"
 
-    def __init__(self, table: pd.DataFrame, config: Any, pricing: bool = True) -> None:
+    def __init__(self, table: pd.DataFrame, config: SimulationConfig, pricing: bool = True
+                 ) -> None:
         self._deps = config.deployments()
         self._constraints = config.constraints()
         self._new = prepared.model_matrix(table, "new_tokens").astype(np.float64)
@@ -248,7 +255,8 @@ class OracleGate:
 
     name = "oracle-gate"
 
-    def __init__(self, table: pd.DataFrame, config: Any, pricing: bool = True) -> None:
+    def __init__(self, table: pd.DataFrame, config: SimulationConfig, pricing: bool = True
+                 ) -> None:
         self._labeler = TwoBranchLabeler(table, config, pricing=pricing)
 
     def __call__(self, ctx: QueryContext, cand: Candidates, g: int, b: int) -> float:
@@ -258,9 +266,9 @@ class OracleGate:
 
 def collect_opportunities(
     table: pd.DataFrame,
-    config: Any = None,
-    signal: Any = None,
-    backend: Any = None,
+    config: SimulationConfig | None = None,
+    signal: CarbonSignal | None = None,
+    backend: BackendConfig | None = None,
     pricing: bool = True,
     progress: bool = False,
 ) -> pd.DataFrame:
@@ -270,7 +278,7 @@ def collect_opportunities(
 
     ``config``, ``signal``, ``backend``: as :func:`carbonrouter_lib.simulator.simulate`.
     """
-    from carbonrouter_lib.simulator import SimulationConfig, simulate
+    from carbonrouter_lib.simulator import simulate  # the replay of the labels
 
     config = config or SimulationConfig()
     signal = config.signal(signal)
@@ -285,17 +293,6 @@ def collect_opportunities(
 # ---------------------------------------------------------------------------------------------
 
 
-def session_folds(sessions: Sequence[int] | np.ndarray, folds: int, seed: int) -> np.ndarray:
-    """Fold (0 … folds−1) of each session id: a SplitMix64 hash of (seed, session), so any
-    session id has a fold without a stored table and folds do not follow the id order."""
-    x = np.asarray(sessions, dtype=np.int64).astype(np.uint64)
-    with np.errstate(over="ignore"):
-        x = x + np.uint64(seed & 0xFFFFFFFF) * np.uint64(0x9E3779B97F4A7C15)
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-    return (x % np.uint64(folds)).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -382,7 +379,7 @@ class _Forest:
     onto the base score (tested against XGBoost's predictions).
     """
 
-    def __init__(self, booster: Any) -> None:
+    def __init__(self, booster: xgboost.Booster) -> None:
         doc = json.loads(bytes(booster.save_raw(raw_format="json")))
         learner = doc["learner"]
         if learner["objective"]["name"] != "reg:squarederror":
@@ -463,7 +460,7 @@ class LearnedGate:
         Training parameters and provenance (setting, pricing, code version).
     """
 
-    def __init__(self, boosters: Sequence[Any], deltas: Sequence[float], training:
+    def __init__(self, boosters: Sequence[xgboost.Booster], deltas: Sequence[float], training:
                  GateTrainingConfig, report: pd.DataFrame, meta: Mapping[str, Any]) -> None:
         if len(boosters) != training.folds or len(deltas) != training.folds:
             raise ValueError(f"LearnedGate: {len(boosters)} models and {len(deltas)} deltas for "
@@ -483,8 +480,8 @@ class LearnedGate:
         each session is its own conversation): the model that routes it never saw it."""
         f = self._fold.get(conversation)
         if f is None:
-            f = self._fold[conversation] = int(session_folds([conversation], self.training.folds,
-                                                             self.training.seed)[0])
+            f = self._fold[conversation] = int(
+                conversation_folds([conversation], self.training.folds, self.training.seed)[0])
         return f
 
     def advantage(self, ctx: QueryContext, cand: Candidates, g: int, b: int) -> float:
@@ -590,7 +587,7 @@ def train_gate(
     # a model and the sessions it routes (with one copy each, the conversation is the session).
     units = opportunities["conversation" if "conversation" in opportunities.columns
                           else "session"].to_numpy()
-    fold = session_folds(units, k, training.seed)
+    fold = conversation_folds(units, k, training.seed)
     boosters, deltas, report = [], [], []
     for f in range(k):
         v = (f + 1) % k
@@ -675,7 +672,7 @@ def ensure_gate(
     learned gate). ``table`` / ``signal`` / ``backend``: the prepared workload, carbon signal and
     capacity if already at hand (defaults: built from the configs).
     """
-    from carbonrouter_lib.simulator import backend_config
+    from carbonrouter_lib.setting import backend_config
 
     if not isinstance(training, GateTrainingConfig):
         training = GateTrainingConfig(**{k: (tuple(v) if k == "deltas" else v)

@@ -1,7 +1,10 @@
 """Evaluation metrics of a replay (spec §9) and paired, session-level bootstrap CIs.
 
 The simulator returns, per policy run, a *records* table: one row per query in dispatch order,
-rejected queries included (see :data:`RECORD_COLUMNS`). This module turns it into
+rejected queries included (see :data:`RECORD_COLUMNS`). A rejected query's row has deployment
+−1, empty model / GPU / region, zero energy, carbon, cached and recomputed tokens, NaN TTFT,
+quality and ``completion_s`` (it never completes), and the history it would have carried under
+the 70B's tokenizer. This module turns it into
 
 - :func:`summarize` — every metric of spec §9 for one run, units in the names;
   :func:`summary_table` — one row per policy; :func:`normalize` — ratios to Session-Affinity = 1
@@ -121,8 +124,8 @@ def validate_records(records: pd.DataFrame, name: str = "records") -> None:
 
     Checks: every column of :data:`RECORD_COLUMNS` is present with a compatible dtype; at least
     one row; no missing session / turn / token / energy / carbon values; 0 ≤ cached ≤ history and
-    recomputed = history − cached (tokens); a rejected query is not best-effort and has zero
-    energy and carbon. Extra columns are allowed.
+    recomputed = history − cached (tokens) on a served query; a rejected query is not best-effort
+    and has zero recomputed tokens, energy and carbon. Extra columns are allowed.
 
     Raises
     ------
@@ -159,12 +162,12 @@ def validate_records(records: pd.DataFrame, name: str = "records") -> None:
     recomputed = records["recomputed_tokens"].to_numpy(np.float64)
     _first_bad(records, cached < 0, f"{name}: negative cached_tokens")
     _first_bad(records, cached > hist + _TOKEN_TOL, f"{name}: cached_tokens > history_tokens")
+    rejected = records["rejected"].to_numpy(bool)
     _first_bad(
         records,
-        np.abs(recomputed - (hist - cached)) > _TOKEN_TOL,
-        f"{name}: recomputed_tokens != history_tokens - cached_tokens",
+        np.abs(recomputed - np.where(rejected, 0.0, hist - cached)) > _TOKEN_TOL,
+        f"{name}: recomputed_tokens != history_tokens - cached_tokens (0 on a rejected query)",
     )
-    rejected = records["rejected"].to_numpy(bool)
     _first_bad(
         records,
         rejected & records["best_effort"].to_numpy(bool),

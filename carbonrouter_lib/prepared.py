@@ -696,3 +696,17 @@ def conversation_codes(table: pd.DataFrame) -> np.ndarray:
         return table["session"].to_numpy(np.int64)
     codes, _ = pd.factorize(table["conversation_id"], sort=False)
     return codes.astype(np.int64)
+
+
+def conversation_folds(ids: np.ndarray | list[int], folds: int, seed: int) -> np.ndarray:
+    """Fold (0 … folds−1) of each conversation (or session) id, for held-out training (the
+    learned gate, the horizon model): a SplitMix64 hash of (seed, id), so any id has a fold
+    without a stored table and folds do not follow the id order."""
+    x = np.asarray(ids, dtype=np.int64).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(seed & 0xFFFFFFFF) * np.uint64(0x9E3779B97F4A7C15)
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return (x % np.uint64(folds)).astype(np.int64)

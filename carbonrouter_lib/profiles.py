@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from carbonrouter_lib.paper import DEFAULTS
+
 __all__ = [
     "MODELS",
     "GPUS",
@@ -189,11 +191,11 @@ class ProfileConstants:
         (a cache hit never costs more than recomputing).
     """
 
-    f: float = 0.85
-    eta_ref: float = 0.5
-    alpha: float = 0.8
-    kappa: float = 6.0
-    gamma: float = 0.05
+    f: float = DEFAULTS["f"]
+    eta_ref: float = DEFAULTS["eta_ref"]
+    alpha: float = DEFAULTS["alpha"]
+    kappa: float = DEFAULTS["kappa"]
+    gamma: float = DEFAULTS["gamma"]
 
     def __post_init__(self) -> None:
         for name in ("f", "eta_ref", "alpha", "kappa", "gamma"):
@@ -649,7 +651,7 @@ def load_measured_profiles(path: str | os.PathLike, complete: bool = True) -> pd
 
 class ProfileTable:
     """A validated profile table and the SHA-256 of its content: what
-    :attr:`carbonrouter_lib.simulator.SimulationConfig.profiles` holds.
+    :attr:`carbonrouter_lib.setting.SimulationConfig.profiles` holds.
 
     Two tables are equal (and hash alike) when their content is, so a setting that carries one
     can key caches (``functools.lru_cache``, sweep and gate keys) without ever hashing a

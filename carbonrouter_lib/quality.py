@@ -144,8 +144,10 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
+from carbonrouter_lib import cost
 from carbonrouter_lib.datasets import REGISTRY, derived_dir, fetch
 from carbonrouter_lib.outputs import atomic_path
+from carbonrouter_lib.paper import DEFAULTS
 from carbonrouter_lib.profiles import MODELS
 
 __all__ = [
@@ -310,7 +312,7 @@ def _check_beta(beta: float) -> float:
     return float(beta)
 
 
-def feasible_models(q: np.ndarray | pd.DataFrame, beta: float = 0.85) -> np.ndarray:
+def feasible_models(q: np.ndarray | pd.DataFrame, beta: float = DEFAULTS["beta_q"]) -> np.ndarray:
     """The quality constraint of Eq. 7: {m : Q(m) ≥ β_Q · max_m Q(m)} per query.
 
     Parameters
@@ -330,8 +332,7 @@ def feasible_models(q: np.ndarray | pd.DataFrame, beta: float = 0.85) -> np.ndar
     beta = _check_beta(beta)
     if arr.shape[1] == 0:
         raise ValueError("q has no model columns; the feasible set would be empty")
-    # fl(beta * max) <= max for beta <= 1, so the maximum always passes its own bound.
-    return arr >= beta * arr.max(axis=1, keepdims=True)
+    return cost.quality_feasible(arr, beta)
 
 
 def quality_summary(

@@ -1,7 +1,7 @@
 """Sweeps: many independent replays (policy × parameter cell × seed) on a Dask cluster, cached.
 
 A :class:`RunSpec` names one replay completely: the workload (:class:`~.prepared.WorkloadConfig`
-fields), the setting (:class:`~.simulator.SimulationConfig` fields), the policy and its
+fields), the setting (:class:`~.setting.SimulationConfig` fields), the policy and its
 parameters, and the seed. :func:`run_one` executes it and returns the per-query records.
 :func:`run_sweep` runs a list of specs through ``dask.distributed`` — a ``LocalCluster`` sized to
 the machine by default, or any running scheduler given by address (argument or the environment
@@ -56,14 +56,16 @@ import numpy as np
 import pandas as pd
 
 from carbonrouter_lib import metrics, prepared, workload
+from carbonrouter_lib.build import build_policy
 from carbonrouter_lib.carbon import CarbonConfig, CarbonSignal
 from carbonrouter_lib.datasets import derived_dir, sha256_of
-from carbonrouter_lib.gate import GATE_CODE_VERSION, ensure_gate
+from carbonrouter_lib.gate import GATE_CODE_VERSION
 from carbonrouter_lib.outputs import atomic_path
-from carbonrouter_lib.policies import POLICIES, CarbonRouter, make_policy, policy_class
+from carbonrouter_lib.policies import POLICIES, make_policy, policy_class
 from carbonrouter_lib.prepared import CODE_VERSION as PREPARED_CODE_VERSION
 from carbonrouter_lib.prepared import WorkloadConfig, dataset_columns, prepare_workload
-from carbonrouter_lib.simulator import SimulationConfig, backend_config, simulate
+from carbonrouter_lib.setting import SimulationConfig, backend_config
+from carbonrouter_lib.simulator import simulate
 
 __all__ = [
     "CODE_VERSION",
@@ -160,7 +162,7 @@ class RunSpec:
     workload
         :class:`~.prepared.WorkloadConfig` fields except ``seed`` (``arrival`` as a dict).
     simulation
-        :class:`~.simulator.SimulationConfig` fields (``profiles`` and ``carbon_file`` as file
+        :class:`~.setting.SimulationConfig` fields (``profiles`` and ``carbon_file`` as file
         paths; see the module doc).
     policy
         Registry name (:data:`carbonrouter_lib.policies.POLICIES`) or import name
@@ -246,7 +248,7 @@ class RunSpec:
         return _workload_config(self.workload, self.seed)
 
     def simulation_config(self) -> SimulationConfig:
-        """The :class:`~.simulator.SimulationConfig` of this run."""
+        """The :class:`~.setting.SimulationConfig` of this run."""
         return _simulation_config(self.simulation)
 
     def __eq__(self, other: object) -> bool:
@@ -292,12 +294,10 @@ def run_one(spec: RunSpec, gate_dir: str | os.PathLike | None = None
     sim = spec.simulation_config()
     table = _table(wl.key(), wl)
     signal = _signal(sim)
-    policy = make_policy(spec.policy, **spec.policy_params)
-    if isinstance(policy, CarbonRouter) and policy.needs_training:
-        # Trained once per setting and cached (derived_dir()/gates), whichever worker gets it.
-        policy.set_gate(ensure_gate(wl, sim, policy.pricing, policy.gate_training,
-                                    table=table, signal=signal, cache_dir=gate_dir))
     capacity = backend_config(table, sim)
+    # A learned gate is trained once per setting and cached, whichever worker gets it first.
+    policy = build_policy(make_policy(spec.policy, **spec.policy_params), table, sim,
+                          signal=signal, backend=capacity, workload=wl, gate_dir=gate_dir)
     res = simulate(table, policy, sim, signal=signal, backend=capacity)
     records = res.records.reset_index(drop=True)
     records.attrs = {}
@@ -598,7 +598,7 @@ def grid_specs(
     policy_params: Mapping[str, Mapping[str, Any]] | None = None,
     output: str = "records",
 ) -> pd.DataFrame:
-    """The runs of a full-factorial grid over :class:`~.simulator.SimulationConfig` fields.
+    """The runs of a full-factorial grid over :class:`~.setting.SimulationConfig` fields.
 
     Parameters
     ----------

@@ -15,8 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from carbonrouter_lib.backend import Backend, BackendConfig, capacity_from_trace
+from carbonrouter_lib.backend import Backend, BackendConfig
 from carbonrouter_lib.deployments import Deployments
+from carbonrouter_lib.setting import capacity_from_trace
 
 DEP = Deployments.build(("AT", "GB"))  # 30 deployments, 6 pools
 # Deployments of pool 0 (A10/AT) and pool 1 (A100/AT): models 0..4 on each.

@@ -241,12 +241,12 @@ def test_bad_rates_are_rejected(rate):
 
 
 def test_one_copy_replays_to_the_same_records_for_every_policy():
-    from carbonrouter_lib import experiments, simulator
+    from carbonrouter_lib import experiments, setting
 
     cfg = prepared.WorkloadConfig(dataset="mooncake", max_conversations=120, seed=3)
     plain = prepared.prepare_workload(cfg, use_cache=False)
     one = prepared.prepare_workload(prepared.with_copies(cfg, 1), use_cache=False)
-    sim = simulator.SimulationConfig(regions=("GB", "BE"))
+    sim = setting.SimulationConfig(regions=("GB", "BE"))
     a = experiments.run_policies(plain, sim, [*experiments.MAIN_POLICIES[:-1],
                                               "carbonrouter-no-gate"])
     b = experiments.run_policies(one, sim, list(a))

@@ -12,7 +12,7 @@ import pytest
 from carbonrouter_lib import metrics, prepared, sweep
 from carbonrouter_lib.experiments import run_policies
 from carbonrouter_lib.prepared import WorkloadConfig, prepare_workload
-from carbonrouter_lib.simulator import SimulationConfig
+from carbonrouter_lib.setting import SimulationConfig
 from carbonrouter_lib.sweep import RunSpec, run_sweep
 
 WORKLOAD = WorkloadConfig(dataset="mooncake", max_conversations=40)

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from carbonrouter_lib.backend import BackendConfig
 from carbonrouter_lib.deployments import Deployments
+from carbonrouter_lib.paper import DEFAULTS
 from carbonrouter_lib.policies import POLICIES, ConstraintConfig
 from carbonrouter_lib.profiles import (
     GPUS,
@@ -234,9 +235,9 @@ class RouterSpec(_Strict):
     params: dict[str, Any] = Field(default_factory=dict)
     gate: Literal["none", "learned"] = "none"
     gate_workload: dict[str, Any] = Field(default_factory=lambda: {"max_conversations": 400})
-    beta_q: float = Field(default=0.85, gt=0, le=1)
-    d_ttft_s: float = Field(default=5.0, gt=0)
-    ttl_s: float = Field(default=1800.0, gt=0)
+    beta_q: float = Field(default=DEFAULTS["beta_q"], gt=0, le=1)
+    d_ttft_s: float = Field(default=DEFAULTS["d_ttft_s"], gt=0)
+    ttl_s: float = Field(default=DEFAULTS["ttl_s"], gt=0)
     quality: dict[str, float] = Field(default_factory=dict)
     est_output_tokens: float = Field(default=256.0, ge=0)
     session_header: str = "X-Session-ID"

@@ -255,10 +255,10 @@ class RouterCore:
 
     def _learned_gate(self, policy: CarbonRouter):
         """The learned gate of the configured zones, trained on ``gate_workload`` (cached)."""
-        from carbonrouter_lib import gate, prepared, simulator
+        from carbonrouter_lib import gate, prepared, setting
 
         rc, prof = self.config.router, self.config.profile_constants
-        sim = simulator.SimulationConfig(
+        sim = setting.SimulationConfig(
             regions=tuple(dict.fromkeys(self.config.zones)), ttl_s=rc.ttl_s,
             beta_q=rc.beta_q, d_ttft_s=rc.d_ttft_s,
             **{k: prof[k] for k in ("kappa", "gamma", "alpha") if k in prof})
