@@ -31,11 +31,11 @@ import pandas as pd
 
 from carbonrouter_lib import experiments, metrics, scale, sweep
 from carbonrouter_lib import paper as paper_numbers
+from carbonrouter_lib.arrivals import ArrivalConfig
 from carbonrouter_lib.carbon import REGION_SETS
 from carbonrouter_lib.policies import POLICIES
 from carbonrouter_lib.prepared import DATASETS, WorkloadConfig
 from carbonrouter_lib.simulator import SimulationConfig
-from carbonrouter_lib.workload import ArrivalConfig
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

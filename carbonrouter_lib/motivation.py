@@ -14,7 +14,9 @@ Section 2.2, Figure 2(a) is the distribution of history length per query (its sh
 :func:`carbonrouter_lib.sharegpt.history_shares`); Figure 2(b) the extra carbon and the extra
 prefill latency of serving a query *without* its cached history on the same deployment.
 Both work on the turns table of :func:`carbonrouter_lib.sharegpt.load_sharegpt_turns`
-(columns ``history_tokens_<family>``, ``new_tokens_<family>``, ``output_tokens_<family>``).
+(columns ``history_tokens_<family>``, ``new_tokens_<family>``, ``output_tokens_<family>``), as
+does :func:`workload_summary`, the headline numbers of a turn table (ShareGPT, or the Mooncake
+trace's :func:`carbonrouter_lib.mooncake.mooncake_turns`) that notebook 00 sets beside Figure 2(a).
 
 "4K" means 4,096 tokens throughout (as 32K means 32,768 in the models' context windows,
 ``docs/model.md`` §2).
@@ -52,6 +54,7 @@ __all__ = [
     "sample_sessions",
     "miss_penalty",
     "bucket_summary",
+    "workload_summary",
 ]
 
 #: Registry name of Ember's annual mean intensity per country (co2.js), Figure 1(a).
@@ -441,3 +444,36 @@ def bucket_summary(
             row |= {f"{col}_q25": q.iloc[0], f"{col}_median": q.iloc[1], f"{col}_q75": q.iloc[2]}
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def workload_summary(
+    turns: pd.DataFrame, family: str, thresholds: Sequence[int] = (4096, 8192)
+) -> dict[str, float]:
+    """Headline numbers of a turn table (ShareGPT or Mooncake), under one tokenizer family.
+
+    Returns
+    -------
+    dict
+        ``conversations``, ``queries``, ``mean turns per conversation``, ``median turns per
+        conversation``, ``share of conversations with ≥ 2 turns``, per threshold ``share of
+        queries with ≥ <t> history tokens``, medians of new, output and history tokens per query
+        and the mean context per query (history + new, tokens).
+    """
+    sizes = turns.groupby("conversation_id", sort=False).size()
+    hist = turns[f"history_tokens_{family}"].to_numpy()
+    new = turns[f"new_tokens_{family}"].to_numpy()
+    out: dict[str, float] = {
+        "conversations": int(len(sizes)),
+        "queries": int(len(turns)),
+        "mean turns per conversation": float(sizes.mean()),
+        "median turns per conversation": float(sizes.median()),
+        "share of conversations with ≥ 2 turns": float((sizes >= 2).mean()),
+    }
+    for t in thresholds:
+        out[f"share of queries with ≥ {t} history tokens"] = float(np.mean(hist >= t))
+    out["median new tokens per query"] = float(np.median(new))
+    out["median output tokens per query"] = float(
+        np.median(turns[f"output_tokens_{family}"].to_numpy()))
+    out["median history tokens per query"] = float(np.median(hist))
+    out["mean context tokens per query (history + new)"] = float(np.mean(hist + new))
+    return out

@@ -215,3 +215,22 @@ def test_sample_sessions_is_seeded_and_whole():
     assert len(a) == (turns["conversation_id"] == a["conversation_id"].iloc[0]).sum()
     with pytest.raises(ValueError, match="n_sessions=3"):
         motivation.sample_sessions(turns, 3, seed=0)
+
+
+def test_workload_summary_by_hand():
+    # The turn table of the Mooncake trace's hand-made gap trace (tests/test_mooncake.py): one
+    # conversation of three turns, one of two.
+    hist, new, out = [0, 1300, 1420, 0, 1600], [1200, 100, 80, 1100, 100], [100, 20, 10, 500, 10]
+    turns = pd.DataFrame({"conversation_id": ["mooncake-0"] * 3 + ["mooncake-1"] * 2,
+                          "turn": [0, 1, 2, 0, 1], "history_tokens_llama3": hist,
+                          "new_tokens_llama3": new, "output_tokens_llama3": out})
+    summary = motivation.workload_summary(turns, "llama3", thresholds=(1000, 1500))
+    assert summary["conversations"] == 2 and summary["queries"] == 5
+    assert summary["mean turns per conversation"] == 2.5
+    assert summary["share of queries with ≥ 1000 history tokens"] == pytest.approx(3 / 5)
+    assert summary["share of queries with ≥ 1500 history tokens"] == pytest.approx(1 / 5)
+    assert summary["median history tokens per query"] == 1300
+    assert summary["median new tokens per query"] == 100
+    assert summary["mean context tokens per query (history + new)"] == pytest.approx(
+        (sum(hist) + sum(new)) / 5)
+
