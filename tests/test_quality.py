@@ -315,7 +315,8 @@ def test_score_turns_uses_context_and_batches(predictor):
 
 
 def test_sharegpt_ordering_sanity(predictor):
-    """Spec §8: mean predicted quality orders Llama-3.1-70B highest and Gemma-3-1B lowest."""
+    """docs/model.md §8 (sanity requirement): mean predicted quality orders Llama-3.1-70B highest
+    and Gemma-3-1B lowest."""
     from carbonrouter_lib.sharegpt import load_sharegpt_turns
 
     with warnings.catch_warnings():
