@@ -16,7 +16,7 @@ Datasets:
 
 - ``"sharegpt"``: the salvaged ShareGPT conversations (:mod:`carbonrouter_lib.sharegpt`), quality
   from the offline predictor on the query and its recent context (:mod:`carbonrouter_lib.quality`).
-- ``"mooncake"``: the Mooncake conversation trace (:func:`.workload.mooncake_turns`),
+- ``"mooncake"``: the Mooncake conversation trace (:func:`.mooncake.mooncake_turns`),
   **standing in for the paper's ShareChat, which is not obtainable here**. It has no text, so each
   query borrows the quality vector of a ShareGPT query of similar input length
   (:func:`borrow_quality`, seeded); its token counts are the trace's (one count for every model).
@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import output_length, quality, sharegpt, traces, workload
+from carbonrouter_lib import arrivals, mooncake, output_length, quality, sharegpt, traces
 from carbonrouter_lib.datasets import derived_dir
 from carbonrouter_lib.outputs import atomic_path
 from carbonrouter_lib.profiles import MODELS, REFERENCE_DEPLOYMENT
@@ -125,7 +125,7 @@ class WorkloadConfig:
     seed
         Seed of session sampling, session start times, think times and quality borrowing.
     arrival
-        Replay window and think-time distribution (:class:`workload.ArrivalConfig`).
+        Replay window and think-time distribution (:class:`arrivals.ArrivalConfig`).
     max_conversations
         Use only the first N conversations of the dataset (quick runs and tests); None for all.
     think_source
@@ -144,7 +144,7 @@ class WorkloadConfig:
     dataset: str = "sharegpt"
     n_sessions: int | None = None
     seed: int = 0
-    arrival: workload.ArrivalConfig = field(default_factory=workload.ArrivalConfig)
+    arrival: arrivals.ArrivalConfig = field(default_factory=arrivals.ArrivalConfig)
     max_conversations: int | None = None
     think_source: str = "model"
     context_turns: int = 1
@@ -205,7 +205,7 @@ def base_turns(dataset: str, max_conversations: int | None = None) -> pd.DataFra
                                                 progress=False)
         return turns
     if dataset == "mooncake":
-        turns = workload.mooncake_turns()
+        turns = mooncake.mooncake_turns()
         if max_conversations is not None:
             keep = turns["conversation_id"].unique()[:max_conversations]
             turns = turns[turns["conversation_id"].isin(keep)].reset_index(drop=True)
@@ -330,7 +330,7 @@ def prepare_workload(config: WorkloadConfig | None = None, use_cache: bool = Tru
         cols = cols[cols["conversation_id"].isin(ids)]
     n_total = config.n_replayed(len(ids))
     copies, extra = divmod(n_total, len(ids))
-    starts = workload.session_start_times(n_total, config.arrival, rng)
+    starts = arrivals.session_start_times(n_total, config.arrival, rng)
     # Unit u = copy·n + j replays conversation ids[j] (then the `extra` units); sessions are
     # assigned start times in a seeded random order (not in trace order).
     n = len(ids)
@@ -361,7 +361,7 @@ def prepare_workload(config: WorkloadConfig | None = None, use_cache: bool = Tru
     if config.think_source == "trace":
         think = np.nan_to_num(np.maximum(table["think_time_trace_s"].to_numpy(), 0.0))
     else:
-        think = workload.think_times(len(table), config.arrival, rng)
+        think = arrivals.think_times(len(table), config.arrival, rng)
     table.insert(2, "think_s", np.where(first, 0.0, think))
     table["_start"] = session_start
     table = table.sort_values(["_start", "turn"], kind="stable").drop(columns="_start")
@@ -385,7 +385,7 @@ def from_turns(
     turns: Any,
     *,
     name: str | None = None,
-    arrival: workload.ArrivalConfig | None = None,
+    arrival: arrivals.ArrivalConfig | None = None,
     seed: int = 0,
     quality_source: str = "auto",
     context_turns: int = 1,
@@ -407,7 +407,7 @@ def from_turns(
     arrival
         Replay window and think-time model for what the trace does not give (session starts
         without timestamps, think times without ``think_s`` or later-turn timestamps); default
-        :class:`workload.ArrivalConfig()` (7 days from Monday 2022-01-03 UTC).
+        :class:`arrivals.ArrivalConfig()` (7 days from Monday 2022-01-03 UTC).
     seed
         Seed of the drawn start times and think times (and of quality borrowing).
     quality_source
@@ -444,7 +444,7 @@ def from_turns(
     if quality_source not in QUALITY_SOURCES:
         raise ValueError(f"quality_source must be one of {QUALITY_SOURCES}, got "
                          f"{quality_source!r}")
-    arrival = arrival or workload.ArrivalConfig()
+    arrival = arrival or arrivals.ArrivalConfig()
     t = traces.read_turns(turns, time_origin=time_origin)
     report = t.attrs["trace"]
     if name is None:
@@ -504,7 +504,7 @@ def from_turns(
     conv_code, _ = pd.factorize(out["conversation_id"], sort=False)
     given_start = t["start_s"].to_numpy()[first]
     if np.isnan(given_start).all():
-        starts = workload.session_start_times(n_conv, arrival, rng)
+        starts = arrivals.session_start_times(n_conv, arrival, rng)
         unit_start = np.empty(n_conv)
         unit_start[rng.permutation(n_conv)] = starts
         window = arrival
@@ -514,7 +514,7 @@ def from_turns(
         window = dataclasses.replace(arrival, window_start=pd.Timestamp(math.floor(lo), unit="s",
                                                                         tz="UTC"),
                                      window_days=max(hi - math.floor(lo), 1.0) / 86_400.0)
-    drawn = workload.think_times(len(out), arrival, rng)
+    drawn = arrivals.think_times(len(out), arrival, rng)
     given_think = t["think_s"].to_numpy()
     think = np.where(np.isnan(given_think), drawn, given_think)
     session_start = unit_start[conv_code]
@@ -540,7 +540,7 @@ def from_turns(
 
 def _reference_service(table: pd.DataFrame) -> np.ndarray:
     m = MODELS.index(REFERENCE_DEPLOYMENT[0])
-    service = workload.ServiceTimeModel.from_profile(*REFERENCE_DEPLOYMENT)
+    service = arrivals.ServiceTimeModel.from_profile(*REFERENCE_DEPLOYMENT)
     return service.service_s(model_matrix(table, "new_tokens")[:, m],
                              model_matrix(table, "output_tokens")[:, m])
 

@@ -46,12 +46,12 @@ silently):
    A conversation left without any turn is dropped and counted.
 
 :func:`load_sharegpt_turns` runs the three steps, counts tokens under each tokenizer family
-(:mod:`carbonrouter_lib.tokenizers`; raw text, no chat template, spec §8a) and caches the table as
-parquet in :func:`~carbonrouter_lib.datasets.derived_dir`, keyed by the source's size and SHA-256,
-:data:`CODE_VERSION`, the tokenizer files' hashes and the parameters. The report travels in the
-parquet's metadata, so a cached load returns the same report. User and assistant texts are kept
-in the same parquet (``user_text``, ``assistant_text``, for the quality predictor); parquet is
-columnar, so ``with_text=False`` does not read them.
+(:mod:`carbonrouter_lib.tokenizers`; raw text, no chat template, ``docs/model.md`` §8a) and caches
+the table as parquet in :func:`~carbonrouter_lib.datasets.derived_dir`, keyed by the source's size
+and SHA-256, :data:`CODE_VERSION`, the tokenizer files' hashes and the parameters. The report
+travels in the parquet's metadata, so a cached load returns the same report. User and assistant
+texts are kept in the same parquet (``user_text``, ``assistant_text``, for the quality predictor);
+parquet is columnar, so ``with_text=False`` does not read them.
 """
 
 from __future__ import annotations
@@ -674,7 +674,7 @@ def turn_table(
     families: Sequence[str] = TOKENIZER_FAMILIES,
     progress: bool = False,
 ) -> pd.DataFrame:
-    """One row per turn with token counts per tokenizer family (spec §4, §8).
+    """One row per turn with token counts per tokenizer family (``docs/model.md`` §4, §8).
 
     Parameters
     ----------

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import metrics, prepared, workload
+from carbonrouter_lib import arrivals, metrics, prepared
 from carbonrouter_lib.build import build_policy
 from carbonrouter_lib.carbon import CarbonConfig, CarbonSignal
 from carbonrouter_lib.datasets import derived_dir, sha256_of
@@ -122,7 +122,7 @@ def _workload_config(d: Mapping[str, Any], seed: int) -> WorkloadConfig:
     d = dict(d)
     arrival = d.pop("arrival", None)
     if isinstance(arrival, Mapping):
-        arrival = workload.ArrivalConfig(**arrival)
+        arrival = arrivals.ArrivalConfig(**arrival)
     if arrival is not None:
         d["arrival"] = arrival
     return WorkloadConfig(**d, seed=seed)
@@ -200,7 +200,7 @@ class RunSpec:
             raise ValueError(f"RunSpec.output must be one of {OUTPUTS}, got {self.output!r}")
         wl = _workload_config(self.workload, self.seed).to_dict()
         del wl["seed"]
-        wl["arrival"] = _floats_as_declared(workload.ArrivalConfig, wl["arrival"])
+        wl["arrival"] = _floats_as_declared(arrivals.ArrivalConfig, wl["arrival"])
         sim = _floats_as_declared(SimulationConfig,
                                   _simulation_config(self.simulation).to_dict())
         params = _canonical(dict(self.policy_params))

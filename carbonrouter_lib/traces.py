@@ -39,7 +39,7 @@ column                                  meaning
 ``est_output_tokens`` (optional)         output-length estimates of one's own (or per family)
 ======================================  ==========================================================
 
-Without timestamps, sessions start by the arrival model (:class:`workload.ArrivalConfig`:
+Without timestamps, sessions start by the arrival model (:class:`arrivals.ArrivalConfig`:
 Poisson over the replay window); without ``think_s`` or later-turn timestamps, think times come
 from its distribution. Tokens are whole numbers ≥ 0 and times are in seconds: a non-integer or
 negative count, a string where a number belongs, a negative or missing think time, a
@@ -65,9 +65,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from carbonrouter_lib.arrivals import ServiceTimeModel
 from carbonrouter_lib.profiles import MODELS
 from carbonrouter_lib.tokenizers import TOKENIZER_FAMILIES, count_tokens
-from carbonrouter_lib.workload import ServiceTimeModel
 
 __all__ = ["ID_COLUMNS", "MAX_THINK_S", "MS_STAMP", "TraceError", "read_turns"]
 

@@ -1,4 +1,4 @@
-"""The learned gate (spec §7.5): opportunities, two-branch labels, training, δ, storage.
+"""The learned gate (docs/model.md §7.5): opportunities, two-branch labels, training, δ, storage.
 
 Hand-made workloads and signals come from test_simulator (two regions A, B; 5-minute grid).
 """

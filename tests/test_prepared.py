@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from carbonrouter_lib import datasets, prepared, sharegpt
+from carbonrouter_lib.arrivals import ArrivalConfig
 from carbonrouter_lib.profiles import MODELS
-from carbonrouter_lib.workload import ArrivalConfig
 
 SMALL = prepared.WorkloadConfig(dataset="sharegpt", max_conversations=60, seed=1)
 

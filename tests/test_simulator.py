@@ -1,4 +1,4 @@
-"""Trace-driven simulator (spec §4–§7, §6a, §9) on hand-made workloads and carbon signals.
+"""Trace-driven simulator (docs/model.md §4–§7, §6a, §9) on hand-made workloads and carbon signals.
 
 Every table here is built by :func:`make_table` in the prepared schema (``prepared.column``) and
 every carbon signal by :func:`make_signal` (two regions "A" and "B" on a 5-minute grid starting
@@ -10,7 +10,8 @@ Monday 2022-01-03 00:00 UTC). Expected values are derived in the test with separ
   of every pool derived from the records alone;
 - :func:`oracle_check` (ample capacity: no slot, KV or TTL limit binds) replays the cache state
   from the records (the cache of a deployment = the post-turn context of the last turn served
-  there) and rebuilds the candidate set of Eq. 7 / §6a.1–2 and each policy's rule by brute force.
+  there) and rebuilds the candidate set of Eq. 7 / docs/model.md §6a.1–2 and each policy's rule
+  by brute force.
 """
 
 from __future__ import annotations
@@ -229,7 +230,8 @@ def check_invariants(table, res, values, backend=AMPLE, config=CONFIG) -> None:
         assert r.completion_s == pytest.approx(r.dispatch_s + ttft + out / DEPS.v_dec[a],
                                                rel=0, abs=TIME_TOL)
         assert r.in_cleanest_region == (ci[DEPS.region[a]] <= ci.min())
-        # Shared constraints (§5, §6a.1–2): quality, context window, TTFT unless best-effort.
+        # Shared constraints (docs/model.md §5, §6a.1–2): quality, context window, TTFT unless
+        # best-effort.
         q = t["quality"]
         assert r.quality == q[m] and q[m] >= config.beta_q * q.max()
         assert new + hist + est <= DEPS.context_window[a]

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 
 from carbonrouter_lib import traces
+from carbonrouter_lib.arrivals import ServiceTimeModel
 from carbonrouter_lib.profiles import MODELS
 from carbonrouter_lib.tokenizers import TOKENIZER_FAMILIES, count_tokens
 from carbonrouter_lib.traces import TraceError, read_turns
-from carbonrouter_lib.workload import ServiceTimeModel
 
 BYO = Path(__file__).parent / "data" / "byo"
 EXAMPLE = BYO / "chat_trace.jsonl"

@@ -6,12 +6,12 @@ provider, the clock and the router's policy and constraints. Everything is check
 socket opens; a bad entry fails with a message naming the file, the entry (``deployments[3]
 (id 'gb-h100')``) and the field.
 
-How the declared deployments meet the library's model (one code path, spec §1–§6):
+How the declared deployments meet the library's model (one code path, ``docs/model.md`` §1–§6):
 
 - The router's :class:`~carbonrouter_lib.deployments.Deployments` is the grid of every
-  (catalog model, GPU, region) the file uses, in tie-break order (§6a.9: regions as declared,
-  GPUs in :data:`~carbonrouter_lib.profiles.GPUS` order, models in catalog order); grid entries
-  that no deployment declares are never available.
+  (catalog model, GPU, region) the file uses, in tie-break order (``docs/model.md`` §6a.9:
+  regions as declared, GPUs in :data:`~carbonrouter_lib.profiles.GPUS` order, models in catalog
+  order); grid entries that no deployment declares are never available.
 - A pool is a (region, GPU type) as in :mod:`carbonrouter_lib.backend`: ``slots`` and
   ``kv_tokens`` are the pool's, so the deployments of one pool must declare the same values,
   and (the backend's :class:`~carbonrouter_lib.backend.BackendConfig` is uniform) so must every
@@ -279,7 +279,8 @@ class ServeConfig(_Strict):
         Region labels in tie-break order; a deployment's region must be one of them. Default:
         order of first appearance.
     profiles
-        ``analytical`` (spec §3, with ``profile_constants``) or the path of a measured profile
+        ``analytical`` (Appendix A, ``docs/model.md`` §3, with ``profile_constants``) or the path
+        of a measured profile
         table (:func:`carbonrouter_lib.profiles.load_measured_profiles`), relative to the file.
     profile_constants
         κ, γ, α, ... of the analytical profiles.

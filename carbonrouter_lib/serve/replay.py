@@ -158,7 +158,7 @@ def replay_stepwise(client, clock, table: pd.DataFrame, texts: pd.DataFrame) -> 
         except APIStatusError as exc:
             if exc.status_code != 503:
                 raise
-            dep, est, done = "", math.nan, t  # rejected: the session goes on (spec §6a.8)
+            dep, est, done = "", math.nan, t  # rejected: the session goes on (docs/model.md §6a.8)
         rows.append({"session": trace.session[i], "turn": trace.turn[i], "dispatch_s": t,
                      "deployment_id": dep, "est_gco2e": est, "completion_s": done})
         if not last[i] and i + 1 < n:
