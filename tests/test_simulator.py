@@ -31,13 +31,9 @@ from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.deployments import Deployments
 from carbonrouter_lib.policies import CarbonRouter, Policy
 from carbonrouter_lib.profiles import MODELS, analytical_profiles, kv_tokens_per_instance
-from carbonrouter_lib.simulator import (
-    SimulationConfig,
-    backend_config,
-    mean_context_tokens,
-    peak_active_sessions,
-    simulate,
-)
+from carbonrouter_lib.prepared import mean_context_tokens, peak_active_sessions
+from carbonrouter_lib.setting import SimulationConfig, backend_config
+from carbonrouter_lib.simulator import simulate
 
 T0 = pd.Timestamp("2022-01-03 00:00", tz="UTC").timestamp()  # s since the Unix epoch
 STEP_S = 300.0  # 5-minute carbon grid
