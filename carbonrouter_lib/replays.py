@@ -19,7 +19,7 @@ import pandas as pd
 from carbonrouter_lib import scale
 from carbonrouter_lib.arrivals import ArrivalConfig
 from carbonrouter_lib.prepared import WorkloadConfig
-from carbonrouter_lib.simulator import SimulationConfig
+from carbonrouter_lib.setting import SimulationConfig
 from carbonrouter_lib.sweep import RunSpec
 
 __all__ = ["Setting", "setting", "settings", "specs", "describe"]
