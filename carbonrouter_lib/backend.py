@@ -1,4 +1,4 @@
-"""The emulated geo-distributed backend: session slots, KV pools and caches (spec §6, §6a.3–4).
+"""The emulated geo-distributed backend: slots, KV pools and caches (docs/model.md §6, §6a.3–4).
 
 The simulator owns time; the backend owns capacity and caches. Per query of session ``s``
 dispatched at time ``d`` the simulator calls :meth:`Backend.advance`, reads
@@ -7,7 +7,7 @@ dispatched at time ``d`` the simulator calls :meth:`Backend.advance`, reads
 the turn's completion ``f`` it calls :meth:`Backend.complete` and, after the session's last turn,
 :meth:`Backend.depart`.
 
-Model (spec §6a.3–4)
+Model (docs/model.md §6a.3–4)
 --------------------
 - A *pool* is a (region, GPU type). It has ``slots_per_pool`` session slots and, under the
   paper's rule, ``kv_tokens_per_pool`` tokens of KV memory, shared by every model on that GPU
@@ -72,7 +72,7 @@ __all__ = ["BackendConfig", "CacheView", "Backend"]
 
 @dataclass(frozen=True)
 class BackendConfig:
-    """Capacity of every (region, GPU type) pool and the cache TTL (spec §6, §6a.3–4).
+    """Capacity of every (region, GPU type) pool and the cache TTL (docs/model.md §6, §6a.3–4).
 
     Parameters
     ----------
@@ -85,7 +85,7 @@ class BackendConfig:
         ``floor`` of it. None when ``kv_tokens_per_deployment`` is given.
     ttl_s : float
         T_TTL: an idle cache is removed when ``now > f_last + ttl_s``, s. > 0; ``math.inf``
-        disables expiry. Default 1,800 s (30 min, spec §6).
+        disables expiry. Default 1,800 s (30 min, docs/model.md §6).
     kv_tokens_per_deployment : tuple of float or None
         KV memory of every deployment's own instances, in its model's tokens (deployment index
         order), each > 0 and finite; the backend uses ``floor`` of each. Given instead of
@@ -178,7 +178,7 @@ class _Cache:
 
 
 class Backend:
-    """Slots, KV pools and caches of all deployments (spec §6, §6a.3–4); see the module doc.
+    """Slots, KV pools and caches of all deployments (docs/model.md §6, §6a.3–4); see the module.
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""The clairvoyant bound: a per-session offline optimum with hindsight (beyond the paper, spec §11).
+"""The clairvoyant bound: a per-session offline optimum with hindsight (docs/model.md §11).
 
 The paper gives no bound on how far an online router is from the best possible routing. This
 module computes, for every session, the least carbon any routing can reach in our simulator,

@@ -473,7 +473,7 @@ def cache_miss_penalty(
     """Relative increase of a query's energy (and carbon, at equal CI) when its full history
     misses the cache: E_miss / E_hit − 1 = 1 / R(H) − 1 (dimensionless; 1.26 = +126 %).
 
-    The paper's Section 2 quotes medians of this quantity over ShareGPT queries (spec §10).
+    The paper's Section 2 quotes medians of this quantity over ShareGPT queries (docs/model.md §10).
     """
     r = np.asarray(break_even_ratio(history_tokens, new_tokens, output_tokens, gamma, kappa))
     return _scalar_or_array(1.0 / r - 1.0, history_tokens)

@@ -1,4 +1,4 @@
-"""CarbonRouter's learned switch gate (spec §7.5): features, two-branch labels, XGBoost, δ.
+"""CarbonRouter's learned switch gate (docs/model.md §7.5): features, two-branch labels, XGBoost, δ.
 
 At a *switch opportunity* (turn k > 0, proposal g ≠ previous deployment b, b still a candidate and
 L(b) > 0) CarbonRouter asks the gate for Â, the carbon (gCO2e) saved by staying on b over this and

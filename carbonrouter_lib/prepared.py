@@ -1,4 +1,4 @@
-"""The prepared workload: one table of every query the simulator replays (spec §4, §5, §8).
+"""The prepared workload: one table of every query the simulator replays (docs/model.md §4, §5, §8).
 
 For a dataset and a :class:`WorkloadConfig`, :func:`prepare_workload` returns one row per query
 (session, turn) with
@@ -546,7 +546,7 @@ def _reference_service(table: pd.DataFrame) -> np.ndarray:
 
 
 def peak_active_sessions(table: pd.DataFrame) -> int:
-    """P: the peak number of simultaneously active sessions of a prepared workload (spec §6).
+    """P: the peak number of simultaneously active sessions of a workload (docs/model.md §6).
 
     A session is active from its first arrival to its last completion. Completion depends on
     routing, and P is a property of the trace, not of a policy: so it is measured with the
@@ -574,7 +574,7 @@ def peak_active_sessions(table: pd.DataFrame) -> int:
 
 def mean_context_tokens(table: pd.DataFrame) -> float:
     """C̄: mean query context (history + new input tokens) of the workload, in the reference
-    model's tokens (spec §6: KV memory per region = K·C̄)."""
+    model's tokens (docs/model.md §6: KV memory per region = K·C̄)."""
     m = MODELS.index(REFERENCE_DEPLOYMENT[0])
     ctx = (model_matrix(table, "history_tokens")[:, m]
            + model_matrix(table, "new_tokens")[:, m])

@@ -61,7 +61,7 @@ class SimulationConfig:
     regions
         Regions in tie-break order (default the paper's AT, GB, BE, US-CAL-CISO).
     carbon_year
-        Year of the carbon signal (spec §8a).
+        Year of the carbon signal (docs/model.md §8a).
     c
         Capacity factor: each region holds K = c·P sessions (P = peak active sessions).
     ttl_s
@@ -74,10 +74,10 @@ class SimulationConfig:
         Output/input and cached/uncached energy ratios of the analytical profiles.
     alpha
         Exponent of the analytical profiles' MFU size law (energy per token ∝ P^α across
-        models; spec §3).
+        models; docs/model.md §3).
     kv_memory
         KV-memory rule (:data:`KV_MEMORY_RULES`): ``"paper"`` — each region holds K·C̄ tokens
-        of any model, split over its (region, GPU) pools (spec §6; the reproduction's rule);
+        of any model, split over its (region, GPU) pools (docs/model.md §6; reproduction's rule);
         ``"hardware"`` — every deployment holds what its instances' GPUs have left after the
         16-bit weights (90% of device memory, :func:`profiles.kv_tokens_per_instance`), with
         ⌈S·u / instance_batch⌉ instances per (region, GPU) pool and model (S slots per pool,
@@ -272,7 +272,7 @@ def _signal_from_file(path: str, sha256: str) -> CarbonSignal:
 
 
 def backend_config(table: pd.DataFrame, config: SimulationConfig) -> BackendConfig:
-    """Capacity of this workload under ``config`` (spec §6): K = c·P sessions per region split
+    """Capacity of a workload under ``config`` (docs/model.md §6): K = c·P sessions per region split
     over its G GPU types (``slots_per_pool`` S = ⌈c·P/G⌉; G = 3 unless ``config.profiles`` names
     other GPU types), and KV memory by ``config.kv_memory``,
     times ``config.kv_scale``:

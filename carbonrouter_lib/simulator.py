@@ -1,4 +1,4 @@
-"""Trace-driven replay of a prepared workload against the emulated backend (spec §4–§6).
+"""Trace-driven replay of a prepared workload against the emulated backend (docs/model.md §4–§6).
 
 The simulator owns time. Each session's first turn is sent at its arrival; each later turn a think
 time after the previous turn's response completes, so dispatch d = max(t, f_prev) = t. At dispatch
@@ -194,7 +194,7 @@ def simulate(
     time_decisions: bool = False,
     profiles=None,
 ) -> SimulationResult:
-    """Replay the prepared workload ``table`` under ``policy`` (spec §4–§7).
+    """Replay the prepared workload ``table`` under ``policy`` (docs/model.md §4–§7).
 
     Parameters
     ----------

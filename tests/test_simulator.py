@@ -30,8 +30,8 @@ from carbonrouter_lib.backend import BackendConfig
 from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.deployments import Deployments
 from carbonrouter_lib.policies import CarbonRouter, Policy
-from carbonrouter_lib.profiles import MODELS, analytical_profiles, kv_tokens_per_instance
 from carbonrouter_lib.prepared import mean_context_tokens, peak_active_sessions
+from carbonrouter_lib.profiles import MODELS, analytical_profiles, kv_tokens_per_instance
 from carbonrouter_lib.setting import SimulationConfig, backend_config
 from carbonrouter_lib.simulator import simulate
 

@@ -1,4 +1,4 @@
-"""What a routing policy sees and the feasibility step every policy shares (spec §4, §5, §6a.1–2).
+"""What a routing policy sees and the feasibility step all policies share (docs/model.md §4–§6a).
 
 Per query of session s at dispatch time d the simulator
 
@@ -534,7 +534,7 @@ class QueryContext:
 
 
 class Candidates:
-    """Cost estimates of one query on every deployment and its candidate set (spec §5, §6a.1–2).
+    """Cost estimates of one query on each deployment, its candidates (docs/model.md §5, §6a.1–2).
 
     Written by :func:`feasibility` (in place when passed as ``out``). ``mask`` and the flags are
     set by it; ``ok`` and each cost array are computed on their first access after it (a policy

@@ -1,4 +1,4 @@
-"""CarbonRouter (CCAR), paper Algorithm 1 (spec §7.5–6).
+"""CarbonRouter (CCAR), paper Algorithm 1 (docs/model.md §7.5–6).
 
 Per query:
 
