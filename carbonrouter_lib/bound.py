@@ -40,24 +40,19 @@ Units: gCO2e, kWh, tokens, seconds.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import cost, prepared
+from carbonrouter_lib import cache, cost, prepared
 from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.deployments import Deployments
-from carbonrouter_lib.outputs import atomic_path
 from carbonrouter_lib.policies import QueryBatch
 from carbonrouter_lib.setting import SimulationConfig
 
-__all__ = ["BOUND_CODE_VERSION", "bound_candidates", "bound_comparison",
+__all__ = ["bound_candidates", "bound_comparison",
            "capacity_rejected_sessions", "clairvoyant_bound", "ensure_bound", "session_bound_dp"]
 
 def bound_candidates(deps: Deployments) -> np.ndarray:
@@ -294,29 +289,21 @@ def clairvoyant_bound(
 # Cached bounds and comparisons with the policies
 # ---------------------------------------------------------------------------------------------
 
-#: Bump when the bound's relaxations or computation change: cached bounds are keyed on it.
-BOUND_CODE_VERSION = "1"
-
-
-def ensure_bound(workload_config: Any, simulation_config: Any,
+def ensure_bound(workload_config: prepared.WorkloadConfig, simulation_config: SimulationConfig,
                  cache_dir: str | os.PathLike | None = None, progress: bool = False
                  ) -> pd.DataFrame:
     """:func:`clairvoyant_bound` of a setting, cached as parquet (default
-    ``derived_dir()/bounds``, keyed by the workload, the setting and :data:`BOUND_CODE_VERSION`)."""
+    ``derived_dir()/bounds``, keyed by the workload, the setting and the code:
+    :mod:`carbonrouter_lib.cache`)."""
     from carbonrouter_lib.datasets import derived_dir
 
-    doc = {"workload": workload_config.key(), "simulation": simulation_config.to_dict(),
-           "code": BOUND_CODE_VERSION}
-    key = hashlib.sha256(json.dumps(doc, sort_keys=True, default=list).encode()).hexdigest()[:16]
-    path = Path(cache_dir or derived_dir() / "bounds") / f"bound-{key}.parquet"
-    if path.is_file():
-        return pd.read_parquet(path)
+    params = {"workload": workload_config.key(), "simulation": simulation_config.to_dict()}
+    entry = cache.entry("bound", params, "carbonrouter_lib.bound",
+                        folder=cache_dir or derived_dir() / "bounds")
+    if (hit := entry.load()) is not None:
+        return hit[0]
     table = prepared.prepare_workload(workload_config)
-    result = clairvoyant_bound(table, simulation_config, progress=progress)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        result.to_parquet(tmp, index=False)
-    return result
+    return entry.save(clairvoyant_bound(table, simulation_config, progress=progress))
 
 
 def capacity_rejected_sessions(records: pd.DataFrame, bound: pd.DataFrame) -> np.ndarray:

@@ -23,8 +23,6 @@ the Unix epoch.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -648,21 +646,16 @@ class CarbonConfig:
         return names
 
 
-#: Bump when the way the frame is built changes, so stale caches are not reused.
-_CACHE_VERSION = 1
-
-
-def _cache_key(cfg: CarbonConfig, names: Mapping[str, str]) -> str:
+def _cache_entry(cfg: CarbonConfig, names: Mapping[str, str]):
+    from carbonrouter_lib import cache
     from carbonrouter_lib.datasets import REGISTRY
 
     # The registry's SHA-256 is the file's: fetch() refuses a file whose hash differs.
-    payload = {
-        "version": _CACHE_VERSION,
+    params = {
         "config": asdict(cfg),
         "sources": {region: [name, REGISTRY[name].sha256] for region, name in names.items()},
     }
-    blob = json.dumps(payload, sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+    return cache.entry("carbon_signal", params, "carbonrouter_lib.carbon")
 
 
 def _to_query(times) -> tuple[np.ndarray, bool, bool]:
@@ -778,23 +771,21 @@ class CarbonSignal:
         Electricity Maps regions are read for ``cfg.year``; ENTSO-E-derived regions for
         ``cfg.at_source_year`` and moved onto ``cfg.year`` by :func:`shift_by_weeks` (steps filled
         at the year's ends are recorded in :attr:`provenance`). Every source is step-held onto the
-        grid. With ``cache`` the frame is stored as parquet in ``derived_dir()`` under a key that
-        hashes the config and the source files' SHA-256, and reused when the key matches.
+        grid. With ``cache`` the frame is stored in the derived cache (:mod:`.cache`) under a key
+        of the config, the source files' SHA-256 and this module's code, and reused when the key
+        matches and the entry checks out.
         """
-        from carbonrouter_lib.datasets import derived_dir, fetch
-        from carbonrouter_lib.outputs import atomic_path
+        from carbonrouter_lib.datasets import fetch
 
         cfg = CarbonConfig() if cfg is None else cfg
         names = cfg.source_names()
         t0, t1 = _year_bounds(cfg.year)
-        key = _cache_key(cfg, names)
-        parquet = derived_dir() / f"carbon_signal_{key}.parquet"
-        sidecar = parquet.with_suffix(".json")
+        entry = _cache_entry(cfg, names)
         grid = year_grid(cfg.year, cfg.step)
-        if cache and parquet.is_file() and sidecar.is_file():
-            frame = pd.read_parquet(parquet)
+        if cache and (hit := entry.load()) is not None:
+            frame, provenance = hit
             if list(frame.columns) == list(cfg.regions) and frame.index.equals(grid):
-                return cls(frame, end=t1, provenance=json.loads(sidecar.read_text()))
+                return cls(frame, end=t1, provenance=provenance)
 
         columns, provenance = {}, {}
         for region, name in names.items():
@@ -817,10 +808,7 @@ class CarbonSignal:
             provenance[region] = info
         frame = pd.DataFrame(columns, index=grid)
         if cache:
-            with atomic_path(parquet) as tmp:
-                frame.to_parquet(tmp)
-            with atomic_path(sidecar) as tmp:
-                tmp.write_text(json.dumps(provenance, indent=1, sort_keys=True))
+            entry.save(frame, meta=provenance)
         return cls(frame, end=t1, provenance=provenance)
 
     @classmethod

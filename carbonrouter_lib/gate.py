@@ -38,7 +38,6 @@ Units: gCO2e, kWh, tokens, seconds, gCO2e/kWh.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -50,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import cost, prepared
+from carbonrouter_lib import cache, cost, prepared
 from carbonrouter_lib.backend import BackendConfig
 from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.outputs import atomic_path
@@ -68,7 +67,6 @@ if TYPE_CHECKING:  # XGBoost is imported where a gate is trained or loaded
 
 __all__ = [
     "FEATURES",
-    "GATE_CODE_VERSION",
     "GateTrainingConfig",
     "LearnedGate",
     "OracleGate",
@@ -79,9 +77,6 @@ __all__ = [
     "gate_path",
     "train_gate",
 ]
-
-#: Bump when features, labels or training change: stored gates and sweep results keyed on it.
-GATE_CODE_VERSION = "2"
 
 #: Gate features, in the order of :func:`gate_features`' vector (b = previous deployment,
 #: g = proposal; tokens under b's model tokenizer).
@@ -633,34 +628,36 @@ def train_gate(
 # ---------------------------------------------------------------------------------------------
 
 
-def _gate_key(workload_key: str, simulation: Mapping[str, Any], pricing: bool,
-              training: GateTrainingConfig) -> str:
-    doc = {"workload": workload_key, "simulation": dict(simulation), "pricing": pricing,
-           "training": training.to_dict(), "code": GATE_CODE_VERSION}
-    blob = json.dumps(doc, sort_keys=True, allow_nan=True, default=list)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+def _gate_entry(workload_config: prepared.WorkloadConfig, simulation_config: SimulationConfig,
+                pricing: bool,
+                training: GateTrainingConfig,
+                cache_dir: str | os.PathLike | None) -> cache.Entry:
+    from carbonrouter_lib.datasets import derived_dir
+
+    params = {"workload": workload_config.key(), "simulation": simulation_config.to_dict(),
+              "pricing": pricing, "training": training.to_dict()}
+    return cache.entry("gate", params, "carbonrouter_lib.gate", fmt="json",
+                       folder=cache_dir or derived_dir() / "gates")
 
 
-def gate_path(workload_config: Any, simulation_config: Any, pricing: bool = True,
+def gate_path(workload_config: prepared.WorkloadConfig, simulation_config: SimulationConfig,
+              pricing: bool = True,
               training: GateTrainingConfig | None = None,
               cache_dir: str | os.PathLike | None = None) -> Path:
     """Where :func:`ensure_gate` stores the gate of this setting (default
-    ``derived_dir()/gates``)."""
-    from carbonrouter_lib.datasets import derived_dir
-
+    ``derived_dir()/gates``; beside it, its manifest: :mod:`carbonrouter_lib.cache`)."""
     training = training or GateTrainingConfig()
-    key = _gate_key(workload_config.key(), simulation_config.to_dict(), pricing, training)
-    return Path(cache_dir or derived_dir() / "gates") / f"gate-{key}.json"
+    return _gate_entry(workload_config, simulation_config, pricing, training, cache_dir).payload
 
 
 def ensure_gate(
-    workload_config: Any,
-    simulation_config: Any,
+    workload_config: prepared.WorkloadConfig | None,
+    simulation_config: SimulationConfig,
     pricing: bool = True,
     training: GateTrainingConfig | Mapping[str, Any] | None = None,
     table: pd.DataFrame | None = None,
-    signal: Any = None,
-    backend: Any = None,
+    signal: CarbonSignal | None = None,
+    backend: BackendConfig | None = None,
     cache_dir: str | os.PathLike | None = None,
 ) -> LearnedGate:
     """The learned gate of a setting: the opportunities of the proposal policy (CarbonRouter
@@ -677,11 +674,11 @@ def ensure_gate(
     if not isinstance(training, GateTrainingConfig):
         training = GateTrainingConfig(**{k: (tuple(v) if k == "deltas" else v)
                                          for k, v in dict(training or {}).items()})
-    path = None
+    entry = None
     if workload_config is not None:
-        path = gate_path(workload_config, simulation_config, pricing, training, cache_dir)
-        if path.is_file():
-            return LearnedGate.load(path)
+        entry = _gate_entry(workload_config, simulation_config, pricing, training, cache_dir)
+        if (hit := entry.load(LearnedGate.load)) is not None:
+            return hit[0]
         if table is None:
             table = prepared.prepare_workload(workload_config)
     elif table is None:
@@ -690,14 +687,15 @@ def ensure_gate(
     if backend is None:
         backend = backend_config(table, simulation_config)
     opps = collect_opportunities(table, simulation_config, signal, backend, pricing=pricing)
-    meta = {"key": path.stem.removeprefix("gate-") if path else "unsaved",
+    meta = {"key": entry.key if entry else "unsaved",
             "workload": workload_config.to_dict() if workload_config is not None else None,
             "simulation": simulation_config.to_dict(), "backend": backend.to_dict(),
-            "pricing": pricing, "code": GATE_CODE_VERSION, "n_opportunities": len(opps),
+            "pricing": pricing, "code": cache.code_hash("carbonrouter_lib.gate"),
+            "n_opportunities": len(opps),
             "n_sessions": int(opps["session"].nunique()) if len(opps) else 0,
             "label_mean_g": float(opps["label"].mean()) if len(opps) else math.nan,
             "label_positive_share": float((opps["label"] > 0).mean()) if len(opps) else math.nan}
     gate = train_gate(opps, training, meta)
-    if path is not None:
-        gate.save(path)
+    if entry is not None:
+        entry.save(gate, write=lambda g, path: g.save(path))
     return gate

@@ -22,7 +22,8 @@ Datasets:
   (:func:`borrow_quality`, seeded); its token counts are the trace's (one count for every model).
 
 Quality and output estimates depend only on the dataset (not on arrivals or sampling), so they are
-computed once per dataset and cached; the whole table is cached by a hash of its parameters.
+computed once per dataset and cached; the whole table is cached by a hash of its parameters and
+of the code (:mod:`carbonrouter_lib.cache`).
 
 A trace of one's own (JSONL, CSV or parquet; the format is in :mod:`carbonrouter_lib.traces`)
 becomes a table with exactly these columns through :func:`from_turns`, so every replay, sweep
@@ -47,8 +48,6 @@ comparison across scales), and one copy is *exactly* the unscaled table. :func:`
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -58,14 +57,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import arrivals, mooncake, output_length, quality, sharegpt, traces
-from carbonrouter_lib.datasets import derived_dir
-from carbonrouter_lib.outputs import atomic_path
+from carbonrouter_lib import arrivals, cache, mooncake, output_length, quality, sharegpt, traces
 from carbonrouter_lib.profiles import MODELS, REFERENCE_DEPLOYMENT
 from carbonrouter_lib.tokenizers import TOKENIZER_FAMILIES, TOKENIZER_OF_MODEL
 
 __all__ = [
-    "CODE_VERSION",
     "DATASETS",
     "QUANTITIES",
     "WorkloadConfig",
@@ -86,8 +82,7 @@ __all__ = [
     "with_peak",
 ]
 
-#: Bump when the table's construction changes, so stale caches are not reused.
-CODE_VERSION = "1"
+_MODULE = "carbonrouter_lib.prepared"
 DATASETS: tuple[str, ...] = ("sharegpt", "mooncake")
 #: Per-model quantities, one column each per model.
 QUANTITIES: tuple[str, ...] = (
@@ -192,10 +187,9 @@ class WorkloadConfig:
         return d
 
     def key(self) -> str:
-        """Short hash of the parameters and the code version (cache key)."""
-        text = json.dumps({"config": self.to_dict(), "code": CODE_VERSION}, sort_keys=True,
-                          default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        """Key of the table: hash of the parameters and of the code that prepares it
+        (:func:`carbonrouter_lib.cache.key`)."""
+        return cache.key("workload", self.to_dict(), _MODULE)
 
 
 def base_turns(dataset: str, max_conversations: int | None = None) -> pd.DataFrame:
@@ -242,32 +236,18 @@ def borrow_quality(
     return donor_quality[donors], donors
 
 
-def _cached(name: str, build, meta: dict[str, Any]) -> pd.DataFrame:
-    """Load ``derived/<name>.parquet`` if present, else build, write atomically, return."""
-    path = derived_dir() / f"{name}.parquet"
-    if path.is_file():
-        return pd.read_parquet(path)
-    df = build()
-    df.attrs = {}
-    with atomic_path(path) as tmp:
-        df.to_parquet(tmp, index=False)
-    with atomic_path(derived_dir() / f"{name}.json") as tmp:
-        tmp.write_text(json.dumps(meta, indent=1, default=str))
-    return df
-
-
 def dataset_columns(config: WorkloadConfig) -> pd.DataFrame:
     """Per-query columns that depend only on the dataset: tokens, estimated outputs, quality.
 
     Cached per (dataset, max_conversations, context_turns, output_folds); arrivals and sampling
     do not invalidate it. Row order is the base turns table's.
     """
-    meta = {"dataset": config.dataset, "max_conversations": config.max_conversations,
-            "context_turns": config.context_turns, "output_folds": config.output_folds,
-            # Upstream versions too, so a changed predictor or parser never reuses stale columns.
-            "code": CODE_VERSION, "quality_code": quality.CODE_VERSION,
-            "sharegpt_code": sharegpt.CODE_VERSION}
-    key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
+    params = {"dataset": config.dataset, "max_conversations": config.max_conversations,
+              "context_turns": config.context_turns, "output_folds": config.output_folds}
+    # The code hash covers the predictor and the parser too (this module imports them).
+    entry = cache.entry("workload_columns", params, _MODULE)
+    if (hit := entry.load()) is not None:
+        return hit[0]
 
     def build() -> pd.DataFrame:
         turns = base_turns(config.dataset, config.max_conversations)
@@ -299,23 +279,25 @@ def dataset_columns(config: WorkloadConfig) -> pd.DataFrame:
             out[column("quality", m)] = q[:, j]
         return out
 
-    return _cached(f"workload_{config.dataset}_columns_{key}", build, meta)
+    df = build()
+    df.attrs = {}
+    return entry.save(df)
 
 
 def prepare_workload(config: WorkloadConfig | None = None, use_cache: bool = True) -> pd.DataFrame:
     """The prepared workload table of ``config`` (see the module docstring for its columns).
 
-    Cached as parquet in :func:`~carbonrouter_lib.datasets.derived_dir` under a hash of the
-    parameters, when it replays each conversation at most once; a resampled (``sessions_per_s``)
+    Cached as parquet (:mod:`carbonrouter_lib.cache`) under :meth:`WorkloadConfig.key`, when it
+    replays each conversation at most once; a resampled (``sessions_per_s``)
     table is rebuilt from the cached dataset columns instead (seconds, and deterministic: a
     service-scale table is millions of rows, not worth its disk). ``table.attrs["config"]`` holds
     the parameters. Rows are sorted by session start, then turn; ``session`` numbers sessions
     0…N−1 in that order.
     """
     config = config or WorkloadConfig()
-    path = derived_dir() / f"workload_{config.dataset}_{config.key()}.parquet"
-    if use_cache and path.is_file():
-        table = pd.read_parquet(path)
+    entry = cache.entry("workload", config.to_dict(), _MODULE)  # its key is config.key()
+    if use_cache and (hit := entry.load()) is not None:
+        table = hit[0]
         table.attrs["config"] = config.to_dict()
         return table
 
@@ -369,10 +351,7 @@ def prepare_workload(config: WorkloadConfig | None = None, use_cache: bool = Tru
     table = table.reset_index(drop=True)
 
     if n_total <= len(ids):
-        with atomic_path(path) as tmp:
-            table.to_parquet(tmp, index=False)
-        with atomic_path(path.with_suffix(".json")) as tmp:
-            tmp.write_text(json.dumps(config.to_dict(), indent=1, default=str))
+        entry.save(table)
     table.attrs["config"] = config.to_dict()
     return table
 

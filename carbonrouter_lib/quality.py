@@ -117,9 +117,9 @@ where there is no context), so the recent context (its last ``max_context_chars`
 shifts the topic without outweighing the query; character n-grams and shape describe the query.
 One Ridge regressor per judged model (alpha per source), fitted on all its judgments. Fitting takes
 about 6–12 s on two CPU cores; scoring all 61,239 ShareGPT turns with one turn of context about
-20–25 s (:func:`score_turns`). The fitted predictor is cached with :mod:`joblib` in
-:func:`~carbonrouter_lib.datasets.derived_dir`, keyed by the training files' SHA-256, the
-:class:`QualityConfig`, :data:`CODE_VERSION` and the scikit-learn version.
+20–25 s (:func:`score_turns`). The fitted predictor is cached with :mod:`joblib` in the derived
+cache (:mod:`carbonrouter_lib.cache`), keyed by the training files' SHA-256, the
+:class:`QualityConfig`, :data:`PROXY_MAP`, the scikit-learn version and the code.
 """
 
 from __future__ import annotations
@@ -127,7 +127,6 @@ from __future__ import annotations
 import abc
 import ast
 import dataclasses
-import hashlib
 import json
 import math
 import re
@@ -135,21 +134,18 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from carbonrouter_lib import cost
-from carbonrouter_lib.datasets import REGISTRY, derived_dir, fetch
-from carbonrouter_lib.outputs import atomic_path
+from carbonrouter_lib import cache, cost
+from carbonrouter_lib.datasets import REGISTRY, fetch
 from carbonrouter_lib.paper import DEFAULTS
 from carbonrouter_lib.profiles import MODELS
 
 __all__ = [
-    "CODE_VERSION",
     "SOURCES",
     "ALPACA_EVAL_FILES",
     "DCROUTER_FILES",
@@ -174,8 +170,6 @@ __all__ = [
     "score_turns",
 ]
 
-#: Bump when a change here changes fitted predictors or metrics; part of every cache key.
-CODE_VERSION = "1"
 #: Judgment sources, in the order of :attr:`QualityConfig.source_weights`.
 SOURCES: tuple[str, ...] = ("alpaca_eval", "dcrouter")
 
@@ -1031,25 +1025,15 @@ def _training_files() -> list[str]:
     return [*ALPACA_EVAL_FILES, *DCROUTER_FILES.values()]
 
 
-def _cache_key(config: QualityConfig, what: str) -> str:
+def _cache_entry(config: QualityConfig, what: str, fmt: str,
+                 module: str = "carbonrouter_lib.quality") -> cache.Entry:
+    """The cache entry of what ``module`` computes from the training data under ``config``."""
     import sklearn
 
-    blob = json.dumps(
-        {
-            "what": what,
-            "code": CODE_VERSION,
-            "config": dataclasses.asdict(config),
-            "files": {n: REGISTRY[n].sha256 for n in _training_files()},
-            "proxy_map": PROXY_MAP,
-            "sklearn": sklearn.__version__,
-        },
-        sort_keys=True,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-
-def _cache_path(config: QualityConfig, what: str, suffix: str) -> Path:
-    return derived_dir() / f"quality_{what}_{_cache_key(config, what)}{suffix}"
+    params = {"config": dataclasses.asdict(config),
+              "files": {n: REGISTRY[n].sha256 for n in _training_files()},
+              "sklearn": sklearn.__version__}  # PROXY_MAP is code: in the code hash
+    return cache.entry(f"quality_{what}", params, module, fmt=fmt)
 
 
 def load_offline_predictor(
@@ -1057,26 +1041,24 @@ def load_offline_predictor(
 ) -> OfflineQualityPredictor:
     """The fitted offline predictor, from the joblib cache when present (else fitted and cached).
 
-    The cache file lives in :func:`~carbonrouter_lib.datasets.derived_dir`, keyed by the
-    training files' SHA-256, the config, :data:`PROXY_MAP`, :data:`CODE_VERSION` and the
-    scikit-learn version; a cached predictor gives the same predictions, bit for bit.
+    The cache entry (:mod:`carbonrouter_lib.cache`) is keyed by the training files' SHA-256,
+    the config, the scikit-learn version and the code (:data:`PROXY_MAP` included); a cached
+    predictor gives the same predictions, bit for bit.
     """
-    import joblib
-
     config = QualityConfig() if config is None else config
-    path = _cache_path(config, "predictor", ".joblib")
-    if use_cache and path.is_file():
-        pred = joblib.load(path)
+    entry = _cache_entry(config, "predictor", "joblib")
+    if use_cache and (hit := entry.load()) is not None:
+        pred = hit[0]
         if not isinstance(pred, OfflineQualityPredictor):
-            raise TypeError(f"{path} does not hold an OfflineQualityPredictor; delete it")
+            raise TypeError(f"{entry.payload} does not hold an OfflineQualityPredictor; "
+                            f"delete it")
         return pred
     # Hash-verify the training files before the result is cached under their hashes.
     for name in _training_files():
         fetch(name)
     pred = fit_offline_predictor(config)
     if use_cache:
-        with atomic_path(path) as tmp:
-            joblib.dump(pred, tmp)
+        entry.save(pred)
     return pred
 
 

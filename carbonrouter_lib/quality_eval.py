@@ -3,9 +3,8 @@
 :func:`heldout_accuracy` refits the featurizer and every judged model's head of
 :class:`carbonrouter_lib.quality.OfflineQualityPredictor` without the evaluated questions and
 scores them, beside a mean-only and a length-only baseline (notebook 00). Its table is cached
-with the predictor's own cache key (:mod:`carbonrouter_lib.quality`: training files, config,
-``quality.CODE_VERSION``, scikit-learn version), so a change here that changes the table must
-bump ``quality.CODE_VERSION``.
+(:mod:`carbonrouter_lib.cache`) under the predictor's parameters (training files, config,
+scikit-learn version) and the code of this module and all it imports.
 
 Held-out accuracy (:func:`heldout_accuracy`, seed 0)
 ----------------------------------------------------
@@ -21,13 +20,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib.outputs import atomic_path
 from carbonrouter_lib.profiles import MODELS
 from carbonrouter_lib.quality import (
     PROXY_MAP,
     SOURCES,
     QualityConfig,
-    _cache_path,
+    _cache_entry,
     _dc_models,
     _fit_featurizer_and_bank,
     _length_features,
@@ -73,9 +71,9 @@ def heldout_accuracy(config: QualityConfig | None = None, use_cache: bool = True
         (0.5), ``rmse``, ``rmse_mean_only``, ``rmse_length``. Cached as parquet.
     """
     config = QualityConfig() if config is None else config
-    path = _cache_path(config, "heldout", ".parquet")
-    if use_cache and path.is_file():
-        return pd.read_parquet(path)
+    entry = _cache_entry(config, "heldout", "parquet", module=__name__)
+    if use_cache and (hit := entry.load()) is not None:
+        return hit[0]
     from sklearn.linear_model import Ridge
     from sklearn.model_selection import KFold
 
@@ -147,6 +145,5 @@ def heldout_accuracy(config: QualityConfig | None = None, use_cache: bool = True
                         np.full(len(y), dc_train[j].mean()), y >= 0.5, n_left_out))
     out = pd.DataFrame(rows)
     if use_cache:
-        with atomic_path(path) as tmp:
-            out.to_parquet(tmp, index=False)
+        entry.save(out)
     return out

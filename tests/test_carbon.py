@@ -380,7 +380,7 @@ def test_real_2022_grid(tmp_path, monkeypatch):
     assert sig.provenance["AT"]["shift_weeks"] == 104
     assert sig.provenance["AT"]["filled_steps_end"] == 49 * 4
     # Second build comes from the parquet cache and is identical.
-    cached = list((tmp_path / "derived").glob("carbon_signal_*.parquet"))
+    cached = list((tmp_path / "derived").glob("carbon_signal-*.parquet"))
     assert len(cached) == 1
     again = CarbonSignal.from_config(CarbonConfig())
     pd.testing.assert_frame_equal(again.frame, f)
