@@ -222,12 +222,18 @@ def test_learned_gate_blocks_only_at_opportunities():
     assert (rec.loc[rec["gate_blocked"], "switched"] == False).all()  # noqa: E712
 
 
-def test_simulate_trains_the_learned_gate_and_is_deterministic():
+def test_build_policy_trains_the_learned_gate_and_is_deterministic():
     table, values = _workload()
-    a = run(table, "carbonrouter", values).records
+    a = run(table, "carbonrouter", values).records  # build_policy, then simulate
     b = run(table, "carbonrouter", values).records
     pd.testing.assert_frame_equal(a, b)
     assert (a["policy"] == "carbonrouter").all()
+
+
+def test_simulate_refuses_a_policy_whose_gate_is_not_built():
+    table, values = _workload()
+    with pytest.raises(ValueError, match="not ready to route.*build_policy"):
+        simulate(table, "carbonrouter", CONFIG, make_signal(values), AMPLE)
 
 
 def test_ensure_gate_caches_by_setting(tmp_path, monkeypatch):

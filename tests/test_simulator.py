@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from carbonrouter_lib import metrics, prepared
 from carbonrouter_lib.backend import BackendConfig
+from carbonrouter_lib.build import build_policy
 from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.deployments import Deployments
 from carbonrouter_lib.policies import CarbonRouter, Policy
@@ -111,7 +112,10 @@ def make_signal(values: np.ndarray) -> CarbonSignal:
 
 
 def run(table, policy, values, backend=AMPLE, config=CONFIG):
-    return simulate(table, policy, config, make_signal(values), backend)
+    """Replay ``policy`` made ready for ``table`` (a learned gate trained on it, unsaved)."""
+    signal = make_signal(values)
+    ready = build_policy(policy, table, config, signal=signal, backend=backend)
+    return simulate(table, ready, config, signal, backend)
 
 
 def ci_at(values: np.ndarray, t: float) -> np.ndarray:
@@ -135,7 +139,7 @@ def slot_intervals(records: pd.DataFrame) -> list[tuple[int, int, float, float, 
     """(session, pool, start, end, ends_at_a_dispatch) of every slot holding, derived from
     records: a session takes pool p when a turn is dispatched on p and it does not hold p; it
     keeps it until a turn is dispatched on another pool (a move) or until it leaves (completion
-    of its last row, = that row's dispatch when it was rejected). A holding that ends at a
+    of its last row, or that row's dispatch when it was rejected: it never completes). A holding that ends at a
     dispatch may still count for other dispatches at the same instant (row order decides)."""
     out = []
     for s, g in records.sort_values(["session", "turn"]).groupby("session"):
@@ -151,8 +155,8 @@ def slot_intervals(records: pd.DataFrame) -> list[tuple[int, int, float, float, 
         if held is not None:
             last = g.iloc[-1]
             assert last["turn"] == last["n_turns"] - 1
-            out.append((int(s), held, start, float(last["completion_s"]),
-                        bool(last["rejected"])))
+            end = last["dispatch_s"] if last["rejected"] else last["completion_s"]
+            out.append((int(s), held, start, float(end), bool(last["rejected"])))
     return out
 
 
