@@ -239,11 +239,14 @@ def borrow_quality(
 def dataset_columns(config: WorkloadConfig) -> pd.DataFrame:
     """Per-query columns that depend only on the dataset: tokens, estimated outputs, quality.
 
-    Cached per (dataset, max_conversations, context_turns, output_folds); arrivals and sampling
-    do not invalidate it. Row order is the base turns table's.
+    Cached per (dataset, max_conversations, context_turns, output_folds, and for a dataset whose
+    quality is borrowed from ShareGPT donors the seed that draws them); arrivals and sampling do
+    not invalidate it. Row order is the base turns table's.
     """
     params = {"dataset": config.dataset, "max_conversations": config.max_conversations,
               "context_turns": config.context_turns, "output_folds": config.output_folds}
+    if config.dataset != "sharegpt":  # quality borrowed from ShareGPT donors drawn by the seed
+        params["seed"] = config.seed
     # The code hash covers the predictor and the parser too (this module imports them).
     entry = cache.entry("workload_columns", params, _MODULE)
     if (hit := entry.load()) is not None:

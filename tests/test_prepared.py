@@ -124,6 +124,17 @@ def test_mooncake_table_borrows_quality_and_can_replay_trace_think_times():
     assert (tok == tok[:, :1]).all()
 
 
+def test_borrowed_quality_is_cached_per_seed(tmp_path, monkeypatch):
+    # The donors are drawn by the workload's seed: a table cached under one seed must not be
+    # served for another (it was, whichever seed ran first).
+    monkeypatch.setenv("CARBONROUTER_CACHE_DIR", str(tmp_path))
+    runs = [prepared.dataset_columns(
+        prepared.WorkloadConfig(dataset="mooncake", max_conversations=40, seed=seed))
+        for seed in (0, 1, 0)]
+    assert not np.array_equal(runs[0]["quality_donor"], runs[1]["quality_donor"])
+    pd.testing.assert_frame_equal(runs[0], runs[2])
+
+
 def test_missing_mirror_file_is_a_clear_error(tmp_path, monkeypatch):
     name = "conversations/mooncake/conversation_trace.jsonl"
     entry = datasets.REGISTRY[name]
