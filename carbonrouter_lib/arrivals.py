@@ -42,6 +42,7 @@ __all__ = [
     "ArrivalConfig",
     "session_start_times",
     "think_times",
+    "check_seed",
     "ServiceTimeModel",
     "ThinkTimeFit",
     "fit_think_time",
@@ -147,12 +148,20 @@ class ArrivalConfig:
         return d
 
 
+def check_seed(seed: Any, name: str = "seed") -> int:
+    """``seed`` as an int, or a ``ValueError`` naming ``name`` unless it is an integer ≥ 0
+    (numpy's own message for a bad seed names nothing)."""
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"{name} must be an integer ≥ 0, got {seed!r}")
+    return int(seed)
+
+
 def _generator(seed: int | np.random.Generator) -> np.random.Generator:
     if isinstance(seed, np.random.Generator):
         return seed
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
         raise TypeError(f"seed must be an int or a numpy Generator, got {seed!r}")
-    return np.random.default_rng(int(seed))
+    return np.random.default_rng(check_seed(seed))
 
 
 def _count(n: Any, name: str) -> int:

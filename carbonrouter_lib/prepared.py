@@ -149,10 +149,7 @@ class WorkloadConfig:
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
             raise ValueError(f"unknown dataset {self.dataset!r}: choose one of {DATASETS}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int | np.integer) or (
-            self.seed < 0
-        ):
-            raise ValueError(f"WorkloadConfig.seed must be an integer ≥ 0, got {self.seed!r}")
+        arrivals.check_seed(self.seed, "WorkloadConfig.seed")
         for name in ("n_sessions", "max_conversations"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -426,6 +423,7 @@ def from_turns(
     if quality_source not in QUALITY_SOURCES:
         raise ValueError(f"quality_source must be one of {QUALITY_SOURCES}, got "
                          f"{quality_source!r}")
+    seed = arrivals.check_seed(seed, "from_turns: seed")
     arrival = arrival or arrivals.ArrivalConfig()
     t = traces.read_turns(turns, time_origin=time_origin)
     report = t.attrs["trace"]

@@ -187,8 +187,7 @@ class RunSpec:
             policy_class(self.policy)
         except (KeyError, ValueError, TypeError) as exc:
             raise type(exc)(f"RunSpec: {exc.args[0]}") from None
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise TypeError(f"RunSpec.seed must be an int, got {self.seed!r}")
+        arrivals.check_seed(self.seed, "RunSpec.seed")
         if "seed" in self.workload:
             raise ValueError("RunSpec.workload must not contain 'seed': use RunSpec.seed")
         if self.output not in OUTPUTS:

@@ -69,6 +69,10 @@ def test_session_starts_sorted_in_window_and_deterministic():
     gen = np.random.default_rng(7)
     assert np.array_equal(t, arrivals.session_start_times(5000, cfg, seed=gen))
     assert arrivals.session_start_times(0, cfg, seed=1).shape == (0,)
+    with pytest.raises(ValueError, match="seed must be an integer ≥ 0, got -1"):
+        arrivals.session_start_times(5, cfg, seed=-1)
+    with pytest.raises(TypeError, match="seed must be an int or a numpy Generator"):
+        arrivals.think_times(5, cfg, rng="abc")
 
 
 def test_session_starts_have_the_poisson_rate_and_are_uniform():

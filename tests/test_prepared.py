@@ -272,6 +272,12 @@ def test_bad_seeds_are_rejected(seed):
     with pytest.raises(ValueError, match="WorkloadConfig.seed must be an integer ≥ 0"):
         prepared.WorkloadConfig(seed=seed)
 
+
+@pytest.mark.parametrize("seed", [-1, "abc", 1.5])
+def test_from_turns_names_a_bad_seed_before_reading(seed):
+    with pytest.raises(ValueError, match="from_turns: seed must be an integer ≥ 0"):
+        prepared.from_turns("no-such-file.jsonl", seed=seed)
+
 # ---------------------------------------------------------------------------------------------
 # A trace of one's own: from_turns
 

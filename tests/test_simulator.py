@@ -139,8 +139,9 @@ def slot_intervals(records: pd.DataFrame) -> list[tuple[int, int, float, float, 
     """(session, pool, start, end, ends_at_a_dispatch) of every slot holding, derived from
     records: a session takes pool p when a turn is dispatched on p and it does not hold p; it
     keeps it until a turn is dispatched on another pool (a move) or until it leaves (completion
-    of its last row, or that row's dispatch when it was rejected: it never completes). A holding that ends at a
-    dispatch may still count for other dispatches at the same instant (row order decides)."""
+    of its last row, or that row's dispatch when it was rejected: it never completes). A holding
+    that ends at a dispatch may still count for other dispatches at the same instant (row order
+    decides)."""
     out = []
     for s, g in records.sort_values(["session", "turn"]).groupby("session"):
         held, start = None, None
@@ -901,6 +902,12 @@ def test_a_policy_must_return_a_deployment_index(value, match):
     chosen = run(_two_sessions(), "faircarbon", ci_grid(100, 200)).records["deployment"]
     same = run(_two_sessions(), _Returns(np.int64(chosen.iloc[0])), ci_grid(100, 200))
     assert same.records["deployment"].iloc[0] == chosen.iloc[0]
+
+
+@pytest.mark.parametrize("value", [999, -1])
+def test_a_policy_must_choose_a_feasible_candidate(value):
+    with pytest.raises(RuntimeError, match=rf"chose {value}, not a candidate \(row 0\)"):
+        run(_two_sessions(), _Returns(value), ci_grid(100, 200))
 
 
 def test_a_policy_without_choose_is_a_clear_error():

@@ -279,6 +279,12 @@ def byo_setting(tmp_path, monkeypatch):
                             profiles=str(BYO / "profiles_l4_h200.csv"))
 
 
+@pytest.mark.parametrize("seed", [-1, "abc", 1.5, True])
+def test_a_bad_run_seed_is_named(seed):
+    with pytest.raises(ValueError, match="RunSpec.seed must be an integer ≥ 0"):
+        RunSpec({"dataset": "sharegpt"}, SimulationConfig().to_dict(), "faircarbon", {}, seed)
+
+
 def test_specs_of_ones_own_inputs_are_checked_json_and_keyed_by_content(byo_setting, tmp_path,
                                                                        monkeypatch):
     spec = RunSpec.make(WORKLOAD, byo_setting, BYO_POLICY, {"tolerance": 0.1})
