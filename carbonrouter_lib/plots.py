@@ -34,6 +34,7 @@ __all__ = [
     "ABLATION_LABELS",
     "MECHANISMS_SHOWN",
     "bars_with_paper",
+    "paper_marks",
     "mechanism_panels",
     "mechanisms_figure",
     "session_length_figure",
@@ -108,6 +109,13 @@ def bars_with_paper(
         for xi, value in zip(x, paper, strict=True):
             if not pd.isna(value):
                 ax.plot(xi, value, "k_", markersize=markersize, mew=2)
+
+
+def paper_marks(ax: Axes, x: Any, paper: Sequence[float] | None, markersize: float = 18) -> None:
+    """The paper's values at ``x`` as black marks, one line of markers (NaN: no mark; None:
+    nothing). Drawn after the bars of a panel, so that they lie on top of every bar."""
+    if paper is not None:
+        ax.plot(x, paper, "k_", markersize=markersize, mew=2)
 
 
 def _paper_mechanisms(dataset: str | None) -> dict[tuple[str, str], float]:
@@ -200,15 +208,17 @@ def session_length_figure(groups: pd.DataFrame, bound_groups: pd.DataFrame,
                                                         ("no gate: ", 0.35, "w/o Gate")]):
                     v = g[f"{pre}saving_pct"]
                     bars_with_paper(ax, x + (j - 0.5) * 0.38, v,
-                                    paper(col, "carbonrouter") if j == 0 else None,
                                     ci=(g[f"{pre}ci_low_pct"], g[f"{pre}ci_high_pct"]),
-                                    markersize=14, width=0.38, color="tab:purple", alpha=alpha,
-                                    label=name)
+                                    width=0.38, color="tab:purple", alpha=alpha, label=name)
             else:
                 for j, (p, color) in enumerate([("faircarbon", "tab:red"),
                                                 ("carbonrouter", "tab:purple")]):
-                    bars_with_paper(ax, x + (j - 0.5) * 0.38, g[f"{p}: {col}"], paper(col, p),
-                                    markersize=14, width=0.38, color=color, alpha=0.8, label=p)
+                    bars_with_paper(ax, x + (j - 0.5) * 0.38, g[f"{p}: {col}"],
+                                    width=0.38, color=color, alpha=0.8, label=p)
+            # the paper's marks over all bars: on CarbonRouter's (a) or each policy's bar
+            for p in dict.fromkeys(FIGURE4.loc[FIGURE4["metric"] == col, "policy"]):
+                shift = -0.19 if col == "saving_pct" or p == "faircarbon" else 0.19
+                paper_marks(ax, x + shift, paper(col, p), markersize=14)
             ax.set_xticks(x, g["group"])
             ax.set_title(title, fontsize=9)
             if c == 0:
@@ -264,13 +274,15 @@ def ablation_figure(fig5: pd.DataFrame, datasets: Sequence[str]) -> Figure:
             w = 0.8 / len(shown)
             for j, p in enumerate(shown):
                 v = f[f["policy"] == p].set_index("group").reindex(groups)
-                marks = ([paper5[paper_col].get(name, np.nan) for name in groups]
-                         if paper_col and j == 0 else None)
-                bars_with_paper(ax, x + (j - (len(shown) - 1) / 2) * w, v[col], marks,
+                bars_with_paper(ax, x + (j - (len(shown) - 1) / 2) * w, v[col],
                                 ci=((v["dco2_low_pct"], v["dco2_high_pct"])
                                     if col == "dco2_pct" else None),
-                                markersize=16, width=w, color=_ABLATION_COLORS[p],
-                                label=ABLATION_LABELS[p])
+                                width=w, color=_ABLATION_COLORS[p], label=ABLATION_LABELS[p])
+            if paper_col:  # on the first bar of each group the paper reports
+                for name, value in paper5[paper_col].items():
+                    if name in groups:
+                        paper_marks(ax, [groups.index(name) - (len(shown) - 1) / 2 * w],
+                                    [value], markersize=16)
             ax.axhline(0, color="black", lw=0.5)
             ax.set_xticks(x, groups)
             ax.set_title(title, fontsize=9)

@@ -29,8 +29,9 @@ def _bars(ax) -> list[tuple[float, float, float]]:
 
 def _marks(ax) -> list[tuple[float, float]]:
     """(x, y) of every paper mark (a black '_' marker) of ``ax``, in drawing order."""
-    return [(float(line.get_xdata()[0]), float(line.get_ydata()[0])) for line in ax.lines
-            if line.get_marker() == "_" and line.get_color() == "k"]
+    return [(float(x), float(y)) for line in ax.lines
+            if line.get_marker() == "_" and line.get_color() == "k"
+            for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True) if not np.isnan(y)]
 
 
 def _same(marks, expected) -> None:
