@@ -42,11 +42,11 @@ def child(table_path: str, policy: str, repeats: int, cpu: int) -> dict:
 
     import pandas as pd
 
-    from carbonrouter_lib import simulator
+    from carbonrouter_lib import setting, simulator
     from carbonrouter_lib.policies import make_policy
 
     table = pd.read_parquet(table_path)
-    config = simulator.SimulationConfig()
+    config = setting.SimulationConfig()
     signal = config.signal()
     out: dict = {"policy": policy, "queries": len(table)}
     gate = None

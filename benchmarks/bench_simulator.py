@@ -47,7 +47,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from carbonrouter_lib import gate, prepared, simulator  # noqa: E402
+from carbonrouter_lib import gate, prepared, setting, simulator  # noqa: E402
 from carbonrouter_lib.carbon import REGION_SETS, CarbonConfig, CarbonSignal  # noqa: E402
 from carbonrouter_lib.outputs import save_table  # noqa: E402
 from carbonrouter_lib.policies import POLICIES, make_policy  # noqa: E402
@@ -64,7 +64,7 @@ TARGET_POLICIES = ("faircarbon", "carbonrouter", "carbonrouter-no-gate")
 _GATES: dict[tuple, gate.LearnedGate] = {}
 
 
-def _policy(name: str, table: pd.DataFrame, config: simulator.SimulationConfig,
+def _policy(name: str, table: pd.DataFrame, config: setting.SimulationConfig,
             signal: CarbonSignal):
     """A fresh policy; a learned gate is trained once per (workload, setting, pricing) here."""
     policy = make_policy(name)
@@ -90,7 +90,7 @@ def _row(measurement: str, policy: str, table: pd.DataFrame, n_regions: int, sta
 def decision_latency(table: pd.DataFrame, signal: CarbonSignal) -> list[dict]:
     """(a): per-query decision time of every policy over a full replay, µs."""
     rows = []
-    config = simulator.SimulationConfig()
+    config = setting.SimulationConfig()
     for name in POLICIES:
         res = simulator.simulate(table, _policy(name, table, config, signal), config,
                                  signal=signal, time_decisions=True)
@@ -104,7 +104,7 @@ def decision_latency(table: pd.DataFrame, signal: CarbonSignal) -> list[dict]:
 def throughput(table: pd.DataFrame, policies, signal: CarbonSignal, regions: tuple[str, ...],
                repeats: int, measurement: str) -> list[dict]:
     """(b), (d): wall time of ``simulate`` per policy, median and best of ``repeats``."""
-    config = simulator.SimulationConfig(regions=regions)
+    config = setting.SimulationConfig(regions=regions)
     rows = []
     for name in policies:
         walls = []
@@ -123,7 +123,7 @@ def throughput(table: pd.DataFrame, policies, signal: CarbonSignal, regions: tup
 
 def replay_allocations(table: pd.DataFrame, signal: CarbonSignal) -> list[dict]:
     """(c): Python-allocation peak of one default replay (tracemalloc; slows the run)."""
-    config = simulator.SimulationConfig()
+    config = setting.SimulationConfig()
     policy = _policy("carbonrouter", table, config, signal)
     tracemalloc.start()
     tracemalloc.reset_peak()
@@ -136,7 +136,7 @@ def replay_allocations(table: pd.DataFrame, signal: CarbonSignal) -> list[dict]:
 
 def gate_training(table: pd.DataFrame, signal: CarbonSignal) -> list[dict]:
     """(e): wall time of the labelling replay and of the training, default setting."""
-    config = simulator.SimulationConfig()
+    config = setting.SimulationConfig()
     t0 = time.perf_counter()
     opps = gate.collect_opportunities(table, config, signal)
     t1 = time.perf_counter()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from carbonrouter_lib import experiments, prepared, simulator, sweep
+from carbonrouter_lib import experiments, prepared, setting, sweep
 from carbonrouter_lib.outputs import save_table
 
 
@@ -30,7 +30,7 @@ def grid() -> list[sweep.RunSpec]:
     for ds in ("mooncake", "sharegpt"):
         wcfg = prepared.WorkloadConfig(dataset=ds)
         for axes in experiments.SENSITIVITY_AXES.values():
-            g = sweep.grid_specs(wcfg, simulator.SimulationConfig(), axes,
+            g = sweep.grid_specs(wcfg, setting.SimulationConfig(), axes,
                                  ["faircarbon", "carbonrouter"])
             specs.update(zip(g["key"], g["spec"], strict=True))
     return list(specs.values())

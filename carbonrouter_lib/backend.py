@@ -1,4 +1,4 @@
-"""The emulated geo-distributed backend: session slots, KV pools and caches (spec §6, §6a.3–4).
+"""The emulated geo-distributed backend: slots, KV pools and caches (docs/model.md §6, §6a.3–4).
 
 The simulator owns time; the backend owns capacity and caches. Per query of session ``s``
 dispatched at time ``d`` the simulator calls :meth:`Backend.advance`, reads
@@ -7,13 +7,14 @@ dispatched at time ``d`` the simulator calls :meth:`Backend.advance`, reads
 the turn's completion ``f`` it calls :meth:`Backend.complete` and, after the session's last turn,
 :meth:`Backend.depart`.
 
-Model (spec §6a.3–4)
+Model (docs/model.md §6a.3–4)
 --------------------
 - A *pool* is a (region, GPU type). It has ``slots_per_pool`` session slots and, under the
   paper's rule, ``kv_tokens_per_pool`` tokens of KV memory, shared by every model on that GPU
   type there. Under a per-deployment rule (``kv_tokens_per_deployment``, e.g. the hardware rule
-  of :mod:`carbonrouter_lib.capacity`) each deployment's instances hold their own KV memory, in
-  their model's tokens: the *KV pool* of a deployment is then the deployment itself. Slots are
+  of :func:`carbonrouter_lib.setting.backend_config`) each deployment's instances hold their own
+  KV memory, in their model's tokens: the *KV pool* of a deployment is then the deployment
+  itself. Slots are
   per (region, GPU type) either way; eviction competes only within a KV pool.
 - A session holds at most one slot: the pool of its latest dispatched turn. Dispatching it to
   another pool takes a slot there and releases the old one; :meth:`Backend.depart` releases it.
@@ -64,26 +65,27 @@ from typing import NamedTuple
 import numpy as np
 
 from carbonrouter_lib.deployments import Deployments
+from carbonrouter_lib.paper import DEFAULTS
 
-__all__ = ["BackendConfig", "capacity_from_trace", "CacheView", "Backend"]
+__all__ = ["BackendConfig", "CacheView", "Backend"]
 
 
 @dataclass(frozen=True)
 class BackendConfig:
-    """Capacity of every (region, GPU type) pool and the cache TTL (spec §6, §6a.3–4).
+    """Capacity of every (region, GPU type) pool and the cache TTL (docs/model.md §6, §6a.3–4).
 
     Parameters
     ----------
     slots_per_pool : int
         Sessions one (region, GPU type) can hold at once, ≥ 1 (the region's K = c·P split over
-        its GPU types; see :func:`capacity_from_trace`).
+        its GPU types; see :func:`carbonrouter_lib.setting.capacity_from_trace`).
     kv_tokens_per_pool : float or None
         KV-cache memory of one (region, GPU type) pool shared by its models, tokens (any model's
         tokens), > 0 and finite (the paper's rule: K·C̄ split like the slots). The backend uses
         ``floor`` of it. None when ``kv_tokens_per_deployment`` is given.
     ttl_s : float
         T_TTL: an idle cache is removed when ``now > f_last + ttl_s``, s. > 0; ``math.inf``
-        disables expiry. Default 1,800 s (30 min, spec §6).
+        disables expiry. Default 1,800 s (30 min, docs/model.md §6).
     kv_tokens_per_deployment : tuple of float or None
         KV memory of every deployment's own instances, in its model's tokens (deployment index
         order), each > 0 and finite; the backend uses ``floor`` of each. Given instead of
@@ -92,7 +94,7 @@ class BackendConfig:
 
     slots_per_pool: int
     kv_tokens_per_pool: float | None
-    ttl_s: float = 1800.0
+    ttl_s: float = DEFAULTS["ttl_s"]
     kv_tokens_per_deployment: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -148,59 +150,6 @@ def _check_tokens(name: str, kv: object) -> None:
         raise ValueError(f"BackendConfig.{name} must be a finite number > 0 tokens, got {kv!r}")
 
 
-def capacity_from_trace(
-    peak_sessions: int,
-    mean_context_tokens: float,
-    c: float = 0.5,
-    n_gpu_types: int = 3,
-    ttl_s: float = 1800.0,
-) -> BackendConfig:
-    """The paper's capacity rule (spec §6): K = c·P sessions and K·C̄ KV tokens per region.
-
-    Parameters
-    ----------
-    peak_sessions : int
-        P, the peak number of simultaneously active sessions of the trace (a session is active
-        from its first arrival to its last completion), ≥ 1.
-    mean_context_tokens : float
-        C̄, the mean query context (history + new input tokens) of the trace, tokens, > 0.
-    c : float
-        Capacity factor, > 0. Default 0.5 (total capacity over 4 regions = 2 × peak demand).
-    n_gpu_types : int
-        GPU types per region that share the region's capacity equally, ≥ 1. Default 3.
-    ttl_s : float
-        Cache TTL, s (see :class:`BackendConfig`).
-
-    Returns
-    -------
-    BackendConfig
-        ``slots_per_pool = ceil(c·P / n_gpu_types)`` — rounded *up* so that no pool has zero
-        slots and the total never falls below c·P per region (a value within 1e-9 of an integer
-        counts as that integer, so float noise in c·P does not add a slot);
-        ``kv_tokens_per_pool = c·P·C̄ / n_gpu_types`` exactly (not rounded with the slots: the
-        paper gives the region K·C̄ tokens).
-    """
-    if isinstance(peak_sessions, bool) or not isinstance(peak_sessions, int | np.integer) or (
-        peak_sessions < 1
-    ):
-        raise ValueError(f"peak_sessions must be an integer ≥ 1, got {peak_sessions!r}")
-    if not (math.isfinite(mean_context_tokens) and mean_context_tokens > 0):
-        raise ValueError(f"mean_context_tokens must be finite and > 0 tokens, "
-                         f"got {mean_context_tokens!r}")
-    if not (math.isfinite(c) and c > 0):
-        raise ValueError(f"capacity factor c must be finite and > 0, got {c!r}")
-    if isinstance(n_gpu_types, bool) or not isinstance(n_gpu_types, int) or n_gpu_types < 1:
-        raise ValueError(f"n_gpu_types must be an integer ≥ 1, got {n_gpu_types!r}")
-    per_pool = c * int(peak_sessions) / n_gpu_types
-    nearest = round(per_pool)
-    slots = nearest if abs(per_pool - nearest) <= 1e-9 else math.ceil(per_pool)
-    return BackendConfig(
-        slots_per_pool=max(1, int(slots)),
-        kv_tokens_per_pool=per_pool * float(mean_context_tokens),
-        ttl_s=ttl_s,
-    )
-
-
 def _index_of(members: np.ndarray) -> slice | np.ndarray:
     """A slice for a contiguous run of indices (cheaper to assign through), else the indices."""
     if members.size and np.array_equal(members, np.arange(members[0], members[-1] + 1)):
@@ -229,7 +178,7 @@ class _Cache:
 
 
 class Backend:
-    """Slots, KV pools and caches of all deployments (spec §6, §6a.3–4); see the module doc.
+    """Slots, KV pools and caches of all deployments (docs/model.md §6, §6a.3–4); see the module.
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""The clairvoyant bound: a per-session offline optimum with hindsight (beyond the paper, spec §11).
+"""The clairvoyant bound: a per-session offline optimum with hindsight (docs/model.md §11).
 
 The paper gives no bound on how far an online router is from the best possible routing. This
 module computes, for every session, the least carbon any routing can reach in our simulator,
@@ -40,22 +40,19 @@ Units: gCO2e, kWh, tokens, seconds.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import cost, prepared
+from carbonrouter_lib import cache, cost, prepared
+from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.deployments import Deployments
-from carbonrouter_lib.outputs import atomic_path
 from carbonrouter_lib.policies import QueryBatch
+from carbonrouter_lib.setting import SimulationConfig
 
-__all__ = ["BOUND_CODE_VERSION", "bound_candidates", "bound_comparison",
+__all__ = ["bound_candidates", "bound_comparison",
            "capacity_rejected_sessions", "clairvoyant_bound", "ensure_bound", "session_bound_dp"]
 
 def bound_candidates(deps: Deployments) -> np.ndarray:
@@ -168,8 +165,8 @@ def session_bound_dp(
 
 def clairvoyant_bound(
     table: pd.DataFrame,
-    config: Any = None,
-    signal: Any = None,
+    config: SimulationConfig | None = None,
+    signal: CarbonSignal | None = None,
     max_tracked: int = 8,
     progress: bool = False,
 ) -> pd.DataFrame:
@@ -180,7 +177,7 @@ def clairvoyant_bound(
     table
         Prepared workload (rows grouped by session, turns in order).
     config
-        :class:`~carbonrouter_lib.simulator.SimulationConfig` (regions, carbon year, β_Q, κ, γ).
+        :class:`~carbonrouter_lib.setting.SimulationConfig` (regions, carbon year, β_Q, κ, γ).
     signal
         Carbon signal (default: from ``config``).
     max_tracked
@@ -198,8 +195,6 @@ def clairvoyant_bound(
         ("deployment" or "region+model").
         ``carbon_g.sum()`` per session is the session's bound.
     """
-    from carbonrouter_lib.simulator import SimulationConfig
-
     config = config or SimulationConfig()
     signal = config.signal(signal)
     deps = config.deployments()
@@ -264,9 +259,10 @@ def clairvoyant_bound(
         # turn k − 2 = the history of turn k − 1 (0 for k = 0).
         h_prev = np.vstack([np.zeros((1, used.size)), n_hist[:-1]])
         ei, ec, eo = e_in[used], e_cache[used], e_out[used]
-        e_none = ei * (n_new + n_hist) + eo * n_out
-        e_full = ei * n_new + ec * n_hist + eo * n_out
-        e_rev = ei * n_new + ec * h_prev + ei * (n_hist - h_prev) + eo * n_out
+        # Eq. 4 with nothing, the history up to turn k − 2, and the whole history cached.
+        e_none = cost.energy_kwh(ei, ec, eo, n_new, n_hist, 0.0, n_out)
+        e_rev = cost.energy_kwh(ei, ec, eo, n_new, n_hist, h_prev, n_out)
+        e_full = cost.energy_base_kwh(ei, ec, eo, n_new, n_hist, n_out)
         ci = ci_min[:, r]
         if used.size <= max_tracked:
             flags, tracking = 1 << np.arange(used.size), "deployment"
@@ -293,29 +289,21 @@ def clairvoyant_bound(
 # Cached bounds and comparisons with the policies
 # ---------------------------------------------------------------------------------------------
 
-#: Bump when the bound's relaxations or computation change: cached bounds are keyed on it.
-BOUND_CODE_VERSION = "1"
-
-
-def ensure_bound(workload_config: Any, simulation_config: Any,
+def ensure_bound(workload_config: prepared.WorkloadConfig, simulation_config: SimulationConfig,
                  cache_dir: str | os.PathLike | None = None, progress: bool = False
                  ) -> pd.DataFrame:
     """:func:`clairvoyant_bound` of a setting, cached as parquet (default
-    ``derived_dir()/bounds``, keyed by the workload, the setting and :data:`BOUND_CODE_VERSION`)."""
+    ``derived_dir()/bounds``, keyed by the workload, the setting and the code:
+    :mod:`carbonrouter_lib.cache`)."""
     from carbonrouter_lib.datasets import derived_dir
 
-    doc = {"workload": workload_config.key(), "simulation": simulation_config.to_dict(),
-           "code": BOUND_CODE_VERSION}
-    key = hashlib.sha256(json.dumps(doc, sort_keys=True, default=list).encode()).hexdigest()[:16]
-    path = Path(cache_dir or derived_dir() / "bounds") / f"bound-{key}.parquet"
-    if path.is_file():
-        return pd.read_parquet(path)
+    params = {"workload": workload_config.key(), "simulation": simulation_config.to_dict()}
+    entry = cache.entry("bound", params, "carbonrouter_lib.bound",
+                        folder=cache_dir or derived_dir() / "bounds")
+    if (hit := entry.load()) is not None:
+        return hit[0]
     table = prepared.prepare_workload(workload_config)
-    result = clairvoyant_bound(table, simulation_config, progress=progress)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        result.to_parquet(tmp, index=False)
-    return result
+    return entry.save(clairvoyant_bound(table, simulation_config, progress=progress))
 
 
 def capacity_rejected_sessions(records: pd.DataFrame, bound: pd.DataFrame) -> np.ndarray:

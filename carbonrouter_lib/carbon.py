@@ -1,10 +1,10 @@
 """Grid carbon intensity CI_r(t) (gCO2e/kWh) per region, on a regular 5-minute grid.
 
 The paper routes each query by the carbon intensity of every region at the query's arrival time
-(spec §1–§2). This module turns the mirrored data into that signal and computes the paper's
-Section-2 statistics from it.
+(``docs/model.md`` §1–§2; Eq. 5). This module turns the mirrored data into that signal; the paper's
+Section-2 statistics of it (Figure 1) are in :mod:`carbonrouter_lib.motivation`.
 
-Sources (spec §8a, data README ``carbon/``):
+Sources (``docs/model.md`` §8a, data README ``carbon/``):
 
 - Electricity Maps hourly exports (GB, US-CAL-CISO 2021–2024; BE, CH, DE, FR, NL, PL 2021–2022):
   consumption-based life-cycle (LCA) intensity; each stamp is the start of its hour (UTC).
@@ -12,7 +12,6 @@ Sources (spec §8a, data README ``carbon/``):
   (ignores imports, so cleaner than a consumption-based figure). No Electricity Maps series exists
   here for AT, so AT comes from this file for ``at_source_year`` (default 2020), moved onto the
   carbon year by a whole number of weeks (:func:`shift_by_weeks`) so weekdays match.
-- Ember annual means per country (co2.js, mostly 2024) for the 21-country span of Fig. 1(a).
 
 Step-hold: every source value (hourly or 15-minute) is the intensity of the interval that starts
 at its stamp, so on the 5-minute grid it is held constant until the next source stamp. The signal
@@ -24,11 +23,9 @@ the Unix epoch.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from os import PathLike
 from pathlib import Path
@@ -36,10 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib.paper import SECTION2_CARBON
-
 __all__ = [
-    "AnnualSpan",
     "CarbonConfig",
     "CarbonDataError",
     "CarbonSignal",
@@ -47,23 +41,13 @@ __all__ = [
     "EM_TIME_COLUMN",
     "ENTSOE_LCA_COLUMN",
     "ENTSOE_TIME_COLUMN",
-    "PAPER_COUNTRIES_21",
     "REGION_SETS",
     "ShiftedSeries",
-    "annual_means_span",
-    "cleanest_intervals",
-    "cleanest_shares",
-    "cross_region_ratio",
     "electricitymaps_name",
     "entsoe_name",
     "hold_on_grid",
-    "load_annual_means",
     "load_electricitymaps_csv",
     "load_entsoe_csv",
-    "median_cross_region_ratio",
-    "range_ratio",
-    "section2_comparison",
-    "section2_stats",
     "shift_by_weeks",
     "year_grid",
 ]
@@ -72,30 +56,18 @@ EM_TIME_COLUMN = "Datetime (UTC)"
 EM_LCA_COLUMN = "Carbon Intensity gCO₂eq/kWh (LCA)"
 ENTSOE_TIME_COLUMN = "datetime_utc"
 ENTSOE_LCA_COLUMN = "ci_lca_gco2eq_per_kwh"
-ANNUAL_MEANS_NAME = "carbon/annual/co2js_ember_average_intensities.json"
 
 WEEK = pd.Timedelta(weeks=1)
 #: Whole weeks that :func:`shift_by_weeks` wraps by when the shifted source leaves a gap at an end
 #: of the target year (52 weeks = 364 days keeps the weekday and the season).
 WRAP_WEEKS = 52
 
-#: Region sets (spec §2, §8a). "paper": the paper's four regions, AT from ENTSO-E (production-
-#: based); "em-only": CH (Electricity Maps, same method as the others) in place of AT.
+#: Region sets (docs/model.md §2, §8a). "paper": the paper's four regions, AT from ENTSO-E
+#: (production-based); "em-only": CH (Electricity Maps, same method as the others) in place of AT.
 REGION_SETS: dict[str, tuple[str, ...]] = {
     "paper": ("AT", "GB", "BE", "US-CAL-CISO"),
     "em-only": ("CH", "GB", "BE", "US-CAL-CISO"),
 }
-
-#: Our reconstruction of the paper's 21 countries (ISO3) for Fig. 1(a). The paper names only its
-#: extremes, India (705 gCO2e/kWh, highest) and Switzerland (35, lowest). We take countries that
-#: host major public-cloud regions (AWS / Azure / GCP), including the paper's four regions'
-#: countries (AT, GB, BE, US), and keep only countries whose Ember value lies between
-#: Switzerland's and India's so that the paper's extremes stay the extremes; this excludes Sweden
-#: and Norway (below CH in Ember) and South Africa (above India). Not the paper's list.
-PAPER_COUNTRIES_21: tuple[str, ...] = (
-    "IND", "CHE", "AUT", "GBR", "BEL", "USA", "DEU", "FRA", "NLD", "IRL", "FIN",
-    "ITA", "ESP", "POL", "CAN", "BRA", "JPN", "KOR", "SGP", "AUS", "CHN",
-)  # fmt: skip
 
 
 class CarbonDataError(ValueError):
@@ -407,56 +379,6 @@ def load_entsoe_csv(path: str | PathLike, cadence: str | None = None) -> pd.Seri
     return _load(path, ENTSOE_TIME_COLUMN, ENTSOE_LCA_COLUMN, naive_is_utc=False, cadence=cadence)
 
 
-def load_annual_means(path: str | PathLike | None = None) -> pd.DataFrame:
-    """Ember annual mean intensity per country (co2.js ``average-intensities.json``).
-
-    Parameters
-    ----------
-    path
-        The JSON file; default the registry's
-        ``carbon/annual/co2js_ember_average_intensities.json``.
-
-    Returns
-    -------
-    pd.DataFrame
-        Columns ``iso3``, ``country``, ``year`` (the Ember year of that value, mostly 2024),
-        ``gco2_per_kwh``; one row per country, sorted by ``iso3``. Aggregates (World, EU, G20,
-        continents: entries without a 3-letter ISO code) are dropped.
-
-    Raises
-    ------
-    CarbonDataError
-        An entry lacks a field, or its intensity is non-numeric or negative.
-    """
-    if path is None:
-        from carbonrouter_lib.datasets import fetch
-
-        path = fetch(ANNUAL_MEANS_NAME)
-    path = Path(path)
-    data = json.loads(path.read_text(encoding="utf-8"))
-    rows = []
-    for key, entry in data.items():
-        code = entry.get("country_code", "") if isinstance(entry, dict) else None
-        if code is None:
-            raise CarbonDataError(f"{path}: entry {key!r} is not an object")
-        if not (isinstance(code, str) and len(code) == 3 and code.isalpha() and code.isupper()):
-            continue  # an aggregate (World, EU, ...), not a country
-        try:
-            value = float(entry["emissions_intensity_gco2_per_kwh"])
-            year = int(entry["year"])
-            country = str(entry["country_or_region"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CarbonDataError(f"{path}: entry {key!r}: bad or missing field ({exc})") from exc
-        if not np.isfinite(value) or value < 0:
-            raise CarbonDataError(f"{path}: entry {key!r}: invalid intensity {value}")
-        rows.append((code, country, year, value))
-    df = pd.DataFrame(rows, columns=["iso3", "country", "year", "gco2_per_kwh"])
-    if df["iso3"].duplicated().any():
-        dups = sorted(df["iso3"][df["iso3"].duplicated()])
-        raise CarbonDataError(f"{path}: duplicated ISO3 codes {dups}")
-    return df.sort_values("iso3", ignore_index=True)
-
-
 # --------------------------------------------------------------------------------------------
 # Year alignment
 # --------------------------------------------------------------------------------------------
@@ -647,7 +569,7 @@ def hold_on_grid(
 
 @dataclass(frozen=True)
 class CarbonConfig:
-    """Which carbon-intensity signal to build (spec §2, §8a).
+    """Which carbon-intensity signal to build (``docs/model.md`` §2, §8a).
 
     Attributes
     ----------
@@ -724,21 +646,16 @@ class CarbonConfig:
         return names
 
 
-#: Bump when the way the frame is built changes, so stale caches are not reused.
-_CACHE_VERSION = 1
-
-
-def _cache_key(cfg: CarbonConfig, names: Mapping[str, str]) -> str:
+def _cache_entry(cfg: CarbonConfig, names: Mapping[str, str]):
+    from carbonrouter_lib import cache
     from carbonrouter_lib.datasets import REGISTRY
 
     # The registry's SHA-256 is the file's: fetch() refuses a file whose hash differs.
-    payload = {
-        "version": _CACHE_VERSION,
+    params = {
         "config": asdict(cfg),
         "sources": {region: [name, REGISTRY[name].sha256] for region, name in names.items()},
     }
-    blob = json.dumps(payload, sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+    return cache.entry("carbon_signal", params, "carbonrouter_lib.carbon")
 
 
 def _to_query(times) -> tuple[np.ndarray, bool, bool]:
@@ -854,23 +771,21 @@ class CarbonSignal:
         Electricity Maps regions are read for ``cfg.year``; ENTSO-E-derived regions for
         ``cfg.at_source_year`` and moved onto ``cfg.year`` by :func:`shift_by_weeks` (steps filled
         at the year's ends are recorded in :attr:`provenance`). Every source is step-held onto the
-        grid. With ``cache`` the frame is stored as parquet in ``derived_dir()`` under a key that
-        hashes the config and the source files' SHA-256, and reused when the key matches.
+        grid. With ``cache`` the frame is stored in the derived cache (:mod:`.cache`) under a key
+        of the config, the source files' SHA-256 and this module's code, and reused when the key
+        matches and the entry checks out.
         """
-        from carbonrouter_lib.datasets import derived_dir, fetch
-        from carbonrouter_lib.outputs import atomic_path
+        from carbonrouter_lib.datasets import fetch
 
         cfg = CarbonConfig() if cfg is None else cfg
         names = cfg.source_names()
         t0, t1 = _year_bounds(cfg.year)
-        key = _cache_key(cfg, names)
-        parquet = derived_dir() / f"carbon_signal_{key}.parquet"
-        sidecar = parquet.with_suffix(".json")
+        entry = _cache_entry(cfg, names)
         grid = year_grid(cfg.year, cfg.step)
-        if cache and parquet.is_file() and sidecar.is_file():
-            frame = pd.read_parquet(parquet)
+        if cache and (hit := entry.load()) is not None:
+            frame, provenance = hit
             if list(frame.columns) == list(cfg.regions) and frame.index.equals(grid):
-                return cls(frame, end=t1, provenance=json.loads(sidecar.read_text()))
+                return cls(frame, end=t1, provenance=provenance)
 
         columns, provenance = {}, {}
         for region, name in names.items():
@@ -893,10 +808,7 @@ class CarbonSignal:
             provenance[region] = info
         frame = pd.DataFrame(columns, index=grid)
         if cache:
-            with atomic_path(parquet) as tmp:
-                frame.to_parquet(tmp)
-            with atomic_path(sidecar) as tmp:
-                tmp.write_text(json.dumps(provenance, indent=1, sort_keys=True))
+            entry.save(frame, meta=provenance)
         return cls(frame, end=t1, provenance=provenance)
 
     @classmethod
@@ -1251,237 +1163,3 @@ def _registry_sha(name: str) -> str:
     from carbonrouter_lib.datasets import REGISTRY
 
     return REGISTRY[name].sha256
-
-
-# --------------------------------------------------------------------------------------------
-# Section-2 statistics
-# --------------------------------------------------------------------------------------------
-# All take a frame of gCO2e/kWh with one column per region and one row per instant of a regular
-# grid, so every row weighs the same span of time and "share of rows" is "share of time".
-
-
-def _values(frame: pd.DataFrame) -> np.ndarray:
-    v = frame.to_numpy(dtype=np.float64)
-    if v.size == 0:
-        raise ValueError("empty carbon frame")
-    if not np.isfinite(v).all():
-        raise ValueError("carbon frame has non-finite values")
-    if (v <= 0).any():
-        r, c = np.argwhere(v <= 0)[0]
-        raise ValueError(f"ratio undefined: intensity {v[r, c]} <= 0 at row {r}, "
-                         f"column {frame.columns[c]}")
-    return v
-
-
-def range_ratio(frame: pd.DataFrame, q: float = 0.0) -> pd.Series:
-    """Per region, max / min intensity over the frame (dimensionless; paper: 2.7–5.9× over 2025).
-
-    Parameters
-    ----------
-    q
-        Tail share to ignore: with ``q > 0`` the ratio is the ``1 - q`` quantile over the ``q``
-        quantile (linear interpolation), e.g. ``q=0.01`` gives P99 / P1, which a single extreme
-        hour cannot move. ``q = 0`` (default) is max / min.
-    """
-    if not 0.0 <= q < 0.5:
-        raise ValueError(f"q must be in [0, 0.5), got {q}")
-    v = _values(frame)
-    hi, lo = (v.max(axis=0), v.min(axis=0)) if q == 0 else (
-        np.quantile(v, 1 - q, axis=0), np.quantile(v, q, axis=0))
-    name = "max_over_min" if q == 0 else f"p{100 * (1 - q):g}_over_p{100 * q:g}"
-    return pd.Series(hi / lo, index=frame.columns, name=name)
-
-
-def cross_region_ratio(frame: pd.DataFrame) -> pd.Series:
-    """Per instant, dirtiest region / cleanest region at that instant (dimensionless)."""
-    v = _values(frame)
-    return pd.Series(v.max(axis=1) / v.min(axis=1), index=frame.index, name="cross_region_ratio")
-
-
-def median_cross_region_ratio(frame: pd.DataFrame) -> float:
-    """Median over time of :func:`cross_region_ratio` (paper: 2.25×)."""
-    return float(np.median(cross_region_ratio(frame).to_numpy()))
-
-
-def cleanest_shares(frame: pd.DataFrame, ties: str = "split") -> pd.Series:
-    """Share of time each region is the cleanest (fractions summing to 1; paper: 13–32% each).
-
-    Parameters
-    ----------
-    ties
-        ``"split"`` (default): an instant where k regions share the minimum counts 1/k for each;
-        ``"first"``: it counts for the first of them in column order (as
-        :meth:`CarbonSignal.cleanest_region` decides). The number of tied instants is in
-        ``result.attrs["tied_instants"]``.
-    """
-    v = _values(frame)
-    is_min = v == v.min(axis=1, keepdims=True)
-    n_min = is_min.sum(axis=1)
-    if ties == "split":
-        credit = is_min / n_min[:, None]
-    elif ties == "first":
-        credit = np.zeros_like(v)
-        credit[np.arange(len(v)), np.argmin(v, axis=1)] = 1.0
-    else:
-        raise ValueError(f"ties must be 'split' or 'first', got {ties!r}")
-    out = pd.Series(credit.mean(axis=0), index=frame.columns, name="cleanest_share")
-    out.attrs["tied_instants"] = int((n_min > 1).sum())
-    return out
-
-
-def cleanest_intervals(frame: pd.DataFrame, end: pd.Timestamp | None = None) -> pd.DataFrame:
-    """Runs of constant cleanest region (ties: first in column order), for shading plots.
-
-    Returns
-    -------
-    pd.DataFrame
-        Columns ``start``, ``end`` (UTC; a run's end is the next run's start, the last ends at
-        ``end``, default the last row plus one step) and ``region``.
-    """
-    v = _values(frame)
-    idx = np.argmin(v, axis=1)
-    change = np.flatnonzero(np.diff(idx)) + 1
-    starts = np.concatenate([[0], change])
-    index = pd.DatetimeIndex(frame.index)
-    if end is None:
-        end = index[-1] + (index[-1] - index[-2]) if len(index) > 1 else index[-1]
-    stops = list(index[change]) + [pd.Timestamp(end)]
-    return pd.DataFrame({
-        "start": index[starts],
-        "end": pd.DatetimeIndex(stops),
-        "region": np.asarray(frame.columns, dtype=object)[idx[starts]],
-    })
-
-
-@dataclass(frozen=True)
-class AnnualSpan:
-    """Dirtiest and cleanest country among a set, and their ratio (paper: 705/35 = 20.4×)."""
-
-    n_countries: int
-    max_iso3: str
-    max_country: str
-    max_gco2_per_kwh: float
-    min_iso3: str
-    min_country: str
-    min_gco2_per_kwh: float
-    ratio: float
-    years: dict[int, int] = field(default_factory=dict)
-
-
-def annual_means_span(annual: pd.DataFrame, countries: Sequence[str] | None = None) -> AnnualSpan:
-    """Span of annual means over ``countries`` (ISO3; default all rows of ``annual``).
-
-    Parameters
-    ----------
-    annual
-        As returned by :func:`load_annual_means`.
-    countries
-        ISO3 codes to keep, e.g. :data:`PAPER_COUNTRIES_21`; an unknown code is an error.
-
-    Returns
-    -------
-    AnnualSpan
-        ``ratio`` = max / min gCO2e/kWh; ``years`` counts the Ember years of the values used.
-    """
-    df = annual
-    if countries is not None:
-        missing = sorted(set(countries) - set(annual["iso3"]))
-        if missing:
-            raise KeyError(f"countries not in the annual means: {missing}")
-        df = annual[annual["iso3"].isin(countries)]
-    if len(df) < 2:
-        raise ValueError("need at least 2 countries for a span")
-    hi = df.loc[df["gco2_per_kwh"].idxmax()]
-    lo = df.loc[df["gco2_per_kwh"].idxmin()]
-    if lo["gco2_per_kwh"] <= 0:
-        raise ValueError(f"{lo['country']} has intensity {lo['gco2_per_kwh']}: ratio undefined")
-    return AnnualSpan(
-        n_countries=len(df),
-        max_iso3=str(hi["iso3"]),
-        max_country=str(hi["country"]),
-        max_gco2_per_kwh=float(hi["gco2_per_kwh"]),
-        min_iso3=str(lo["iso3"]),
-        min_country=str(lo["country"]),
-        min_gco2_per_kwh=float(lo["gco2_per_kwh"]),
-        ratio=float(hi["gco2_per_kwh"] / lo["gco2_per_kwh"]),
-        years={int(y): int(n) for y, n in df["year"].value_counts().sort_index().items()},
-    )
-
-
-def section2_stats(frame: pd.DataFrame) -> pd.DataFrame:
-    """The paper's Section-2 statistics of one signal as a tidy table.
-
-    Returns
-    -------
-    pd.DataFrame
-        Columns ``quantity``, ``region`` (a region, or ``"all"``), ``value``. Quantities:
-        ``max_over_min`` and ``p99_over_p1`` (per region, see :func:`range_ratio`),
-        ``median_cross_region_ratio`` (all),
-        ``cleanest_share`` (per region; ties split, see :func:`cleanest_shares`),
-        ``tied_instants`` (all).
-    """
-    rr = range_ratio(frame)
-    shares = cleanest_shares(frame)
-    rows = [("max_over_min", r, float(x)) for r, x in rr.items()]
-    rows += [("p99_over_p1", r, float(x)) for r, x in range_ratio(frame, q=0.01).items()]
-    rows.append(("median_cross_region_ratio", "all", median_cross_region_ratio(frame)))
-    rows += [("cleanest_share", r, float(x)) for r, x in shares.items()]
-    rows.append(("tied_instants", "all", float(shares.attrs["tied_instants"])))
-    return pd.DataFrame(rows, columns=["quantity", "region", "value"])
-
-
-def section2_comparison(stats: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
-    """Put :func:`section2_stats` of several region sets side by side with the paper's numbers.
-
-    Parameters
-    ----------
-    stats
-        ``{region set name: section2_stats(frame)}``.
-
-    Returns
-    -------
-    pd.DataFrame
-        One row per (quantity, region) plus summary rows (``"lowest/highest over regions"``),
-        columns ``quantity``, ``region``, ``paper`` (text), one float column ``ours (<set>)`` per
-        set (NaN where the set lacks the region) and ``note``.
-    """
-    p = SECTION2_CARBON
-    paper_text = {
-        "max_over_min": (f"{p['range_ratio_low']}–{p['range_ratio_high']}× "
-                         f"(over {p['range_ratio_year']})"),
-        "p99_over_p1": "",
-        "median_cross_region_ratio": f"{p['median_cross_region_ratio']}×",
-        "cleanest_share": f"{p['cleanest_share_low']:.0%}–{p['cleanest_share_high']:.0%} each",
-        "tied_instants": "",
-    }
-    notes = {
-        "max_over_min": "max / min over the year, per region",
-        "p99_over_p1": "99th / 1st percentile over the year (robust to single extreme hours)",
-        "median_cross_region_ratio": "median over time of (max region / min region) per instant",
-        "cleanest_share": "share of grid instants a region is the cleanest (ties split)",
-        "tied_instants": "instants where >1 region is cleanest",
-    }
-    keys: list[tuple[str, str]] = []
-    for df in stats.values():
-        for q, r in zip(df["quantity"], df["region"], strict=True):
-            if (q, r) not in keys:
-                keys.append((q, r))
-    order = {q: i for i, q in enumerate(paper_text)}
-    keys.sort(key=lambda k: order.get(k[0], len(order)))
-    rows = []
-    for q, r in keys:
-        row = {"quantity": q, "region": r, "paper": paper_text.get(q, "")}
-        for name, df in stats.items():
-            hit = df[(df["quantity"] == q) & (df["region"] == r)]["value"]
-            row[f"ours ({name})"] = float(hit.iloc[0]) if len(hit) else np.nan
-        row["note"] = notes.get(q, "")
-        rows.append(row)
-    for q in ("max_over_min", "p99_over_p1", "cleanest_share"):
-        for which, fn in (("lowest", np.min), ("highest", np.max)):
-            row = {"quantity": q, "region": f"{which} over regions", "paper": paper_text[q]}
-            for name, df in stats.items():
-                vals = df[df["quantity"] == q]["value"]
-                row[f"ours ({name})"] = float(fn(vals)) if len(vals) else np.nan
-            row["note"] = f"{which} value over the set's regions"
-            rows.append(row)
-    return pd.DataFrame(rows)

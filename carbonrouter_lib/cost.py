@@ -8,8 +8,15 @@ the candidate's model tokenizer), on a deployment a holding L(a) ≤ N_hist cach
 - carbon (Eq. 5)     Ĉ(a)    = CI · E(a)                          gCO2e (CI in gCO2e/kWh)
 - TTFT (Eq. 6)       TTFT(a) = (N_new + N_hist − L) / v_pre                               s
 - service time       TTFT(a) + N_out / v_dec   (a turn dispatched at d completes at d + this)  s
+- feasible (Eq. 7)   Q(m) ≥ β_Q·max Q  ∧  N_new + N_hist + N_out ≤ window  ∧  TTFT(a) ≤ D_TTFT
 
-E − E_base = (e_in − e_cache)·(N_hist − L) ≥ 0 is the recomputation penalty of a (partial) miss.
+E − E_base = (e_in − e_cache)·(N_hist − L) ≥ 0 is the recomputation penalty of a (partial) miss;
+the replay computes E in that form, E_base + (e_in − e_cache)·(N_hist − L)
+(:func:`energy_from_base_kwh`), so that deployments with equal profiles tie exactly.
+
+Every module that needs one of these equations (the policies' candidate evaluation, the
+simulator's records, the gate's labels, the clairvoyant bound, the live router) calls the
+function here; none writes the arithmetic again.
 
 Two layers:
 
@@ -31,6 +38,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from carbonrouter_lib.paper import DEFAULTS
 from carbonrouter_lib.profiles import validate_profiles
 
 #: A scalar or an array over candidates (the unchecked functions broadcast).
@@ -42,9 +50,13 @@ __all__ = [
     "energy_kwh",
     "energy_base_kwh",
     "recomputation_energy_kwh",
+    "energy_from_base_kwh",
     "carbon_g",
     "ttft_s",
+    "prefill_s",
     "service_time_s",
+    "quality_feasible",
+    "context_fits",
     "CandidateCosts",
     "candidate_costs",
     "deployment_costs",
@@ -79,7 +91,7 @@ def energy_kwh(
         L(a), history tokens cached on each candidate, tokens; must be ≤ ``n_hist`` (not checked
         here: see :func:`candidate_costs`).
     """
-    return e_in * (n_new + n_hist - cached) + e_cache * cached + e_out * n_out
+    return e_in * uncached_tokens(n_new, n_hist, cached) + e_cache * cached + e_out * n_out
 
 
 def energy_base_kwh(
@@ -97,6 +109,26 @@ def recomputation_energy_kwh(e_in: Num, e_cache: Num, n_hist: Num, cached: Num) 
     return (e_in - e_cache) * (n_hist - cached)
 
 
+def energy_from_base_kwh(energy_base: Num, recompute_kwh_per_token: Num, missed: Num) -> Num:
+    """Eq. 4 regrouped around E_base: (e_in − e_cache)·(N_hist − L) + E_base, kWh. Unchecked.
+
+    The replay's form (:class:`~carbonrouter_lib.policies.QueryBatch` precomputes E_base once per
+    query and deployment; a cache hit then costs one multiply-add). Equal to :func:`energy_kwh`
+    up to rounding, and deployments with equal profiles get bit-identical values, so exact ties
+    between them stay exact (``tests/test_cost.py`` pins both).
+
+    Parameters
+    ----------
+    energy_base : float or ndarray
+        E_base (:func:`energy_base_kwh`), kWh.
+    recompute_kwh_per_token : float or ndarray
+        e_in − e_cache, kWh/token: the energy of recomputing one missed history token.
+    missed : float or ndarray
+        N_hist − L, history tokens not cached, tokens.
+    """
+    return recompute_kwh_per_token * missed + energy_base
+
+
 def carbon_g(ci: Num, energy: Num) -> Num:
     """Eq. 5: carbon, gCO2e, from intensity ``ci`` (gCO2e/kWh) and ``energy`` (kWh). Unchecked."""
     return ci * energy
@@ -105,14 +137,35 @@ def carbon_g(ci: Num, energy: Num) -> Num:
 def ttft_s(n_new: Num, n_hist: Num, cached: Num, v_pre: Num) -> Num:
     """Eq. 6: estimated time to first token, s — prefill of the uncached tokens at ``v_pre``
     tokens/s (no network, queueing or first-token decode). Unchecked."""
-    return (n_new + n_hist - cached) / v_pre
+    return prefill_s(uncached_tokens(n_new, n_hist, cached), v_pre)
+
+
+def prefill_s(uncached: Num, v_pre: Num) -> Num:
+    """Eq. 6 from the uncached input tokens (:func:`uncached_tokens`), s: ``uncached / v_pre``.
+    Unchecked. :func:`ttft_s` is this of N_new + N_hist − L."""
+    return uncached / v_pre
 
 
 def service_time_s(
     n_new: Num, n_hist: Num, cached: Num, n_out: Num, v_pre: Num, v_dec: Num
 ) -> Num:
     """TTFT + N_out / v_dec, s: a turn dispatched at time d completes at d + this. Unchecked."""
-    return (n_new + n_hist - cached) / v_pre + n_out / v_dec
+    return ttft_s(n_new, n_hist, cached, v_pre) + n_out / v_dec
+
+
+def quality_feasible(quality: np.ndarray, beta_q: float) -> np.ndarray:
+    """Eq. 7's quality constraint: model m is feasible when Q(m) ≥ β_Q · max_m Q(m), bool.
+
+    ``quality`` holds Q(m) ∈ [0, 1] over models along its last axis (one query: (n_models,);
+    many: (N, n_models)). Inclusive, and fl(β_Q·max) ≤ max for β_Q ≤ 1, so the best model always
+    passes. Unchecked (``quality.feasible_models`` validates)."""
+    return quality >= beta_q * quality.max(axis=-1, keepdims=True)
+
+
+def context_fits(n_new: Num, n_hist: Num, n_out: Num, context_window: Num) -> Num:
+    """Eq. 7's context constraint: N_new + N_hist + N_out ≤ the model's window (tokens), bool.
+    Unchecked."""
+    return n_new + n_hist + n_out <= context_window
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,8 +380,8 @@ def break_even_ratio(
     history_tokens,
     new_tokens: float = 128,
     output_tokens: float = 256,
-    gamma: float = 0.05,
-    kappa: float = 6.0,
+    gamma: float = DEFAULTS["gamma"],
+    kappa: float = DEFAULTS["kappa"],
 ) -> float | np.ndarray:
     """CI_B / CI_A below which leaving a full cache on region A for region B pays off.
 
@@ -372,8 +425,8 @@ def break_even_history(
     ratio=0.5,
     new_tokens: float = 128,
     output_tokens: float = 256,
-    gamma: float = 0.05,
-    kappa: float = 6.0,
+    gamma: float = DEFAULTS["gamma"],
+    kappa: float = DEFAULTS["kappa"],
 ) -> float | np.ndarray:
     """H*: the history length at which the break-even ratio falls to ``ratio`` (inverse of
     :func:`break_even_ratio`), tokens.
@@ -414,13 +467,13 @@ def cache_miss_penalty(
     history_tokens,
     new_tokens: float = 128,
     output_tokens: float = 256,
-    gamma: float = 0.05,
-    kappa: float = 6.0,
+    gamma: float = DEFAULTS["gamma"],
+    kappa: float = DEFAULTS["kappa"],
 ) -> float | np.ndarray:
     """Relative increase of a query's energy (and carbon, at equal CI) when its full history
     misses the cache: E_miss / E_hit − 1 = 1 / R(H) − 1 (dimensionless; 1.26 = +126 %).
 
-    The paper's Section 2 quotes medians of this quantity over ShareGPT queries (spec §10).
+    The paper's Section 2 quotes medians of this quantity over ShareGPT queries (docs/model.md §10).
     """
     r = np.asarray(break_even_ratio(history_tokens, new_tokens, output_tokens, gamma, kappa))
     return _scalar_or_array(1.0 / r - 1.0, history_tokens)

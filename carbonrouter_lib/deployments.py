@@ -1,12 +1,14 @@
-"""The candidate deployments a = (model, GPU, region) as flat arrays (spec §1–§3, §6a.9).
+"""The candidate deployments a = (model, GPU, region) as flat arrays (``docs/model.md`` §1–§3,
+§6a.9).
 
-Every per-query computation of the router is vectorized over these arrays. Deployments are
-numbered so that index order *is* the spec's tie-break order (§6a.9: region order as configured,
+Every per-query computation of the router is vectorized over these arrays. Deployments are numbered
+so that index order *is* the tie-break order of ``docs/model.md`` §6a.9 (region order as configured,
 then GPU order A10, A100, H100, then model order): ``index = (region · n_gpus + gpu) · n_models +
-model``. ``np.argmin`` returns the first minimum, so it breaks exact ties as the spec says.
+model``. ``np.argmin`` returns the first minimum, so it breaks exact ties as that section says.
 
 A *pool* is a (region, GPU type): it holds the session slots and the KV-cache memory shared by all
-models on that GPU type in that region (§6a.3–4); ``pool = region · n_gpus + gpu``.
+models on that GPU type in that region (``docs/model.md`` §6a.3–4);
+``pool = region · n_gpus + gpu``.
 """
 
 from __future__ import annotations

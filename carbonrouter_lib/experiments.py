@@ -15,9 +15,11 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 
 from carbonrouter_lib import metrics
+from carbonrouter_lib.build import build_policy
 from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.paper import SENSITIVITY
-from carbonrouter_lib.simulator import SimulationConfig, backend_config, setting, simulate
+from carbonrouter_lib.setting import SimulationConfig, backend_config, setting
+from carbonrouter_lib.simulator import simulate
 
 __all__ = ["MAIN_POLICIES", "ABLATIONS", "SENSITIVITY_AXES", "run_policies", "summaries",
            "savings", "table1", "table2", "ablation_by_session_length", "mechanisms"]
@@ -36,7 +38,7 @@ SENSITIVITY_AXES: dict[str, dict[str, list[float]]] = {
     for name, t in SENSITIVITY.items()
 }
 
-#: CarbonRouter and its ablations (spec §7.6), Table 2's rows.
+#: CarbonRouter and its ablations (docs/model.md §7.6), Table 2's rows.
 ABLATIONS: tuple[str, ...] = ("carbonrouter", "carbonrouter-no-gate", "carbonrouter-no-pricing")
 
 MECHANISM_METRICS: tuple[str, ...] = (
@@ -78,7 +80,8 @@ def run_policies(
     capacity = backend_config(table, config)
     out = {}
     for name in policies:
-        res = simulate(table, name, config, signal=signal, backend=capacity, progress=progress)
+        policy = build_policy(name, table, config, signal=signal, backend=capacity)
+        res = simulate(table, policy, config, signal=signal, backend=capacity, progress=progress)
         out[name] = res.records
     return out
 
@@ -138,7 +141,7 @@ def table1(records: Runs, n_boot: int = 2000, seed: int = 0,
 
 
 def mechanisms(records: Runs) -> pd.DataFrame:
-    """The mechanism quantities of spec §10 per policy, as a tidy table (policy, metric, value)."""
+    """The mechanism quantities per policy (docs/model.md §10): tidy (policy, metric, value)."""
     summary = summaries(records)
     cols = [c for c in MECHANISM_METRICS if c in summary.columns]
     return (summary[cols].rename_axis("policy").reset_index()
@@ -161,7 +164,7 @@ def _changes(records: Mapping[str, pd.DataFrame], target: str, n_boot: int, seed
 
 def table2(records: Mapping[str, pd.DataFrame], n_boot: int = 2000, seed: int = 0,
            reference: str = "session-affinity") -> pd.DataFrame:
-    """Table 2 (spec §10) from per-policy records holding ``reference`` and :data:`ABLATIONS`:
+    """Table 2 (docs/model.md §10) from per-policy records with ``reference`` and :data:`ABLATIONS`:
     CO2 and energy normalized to the reference, P95 TTFT (s), each ablation's CO2 and P95-TTFT
     change over CarbonRouter (%, paired session bootstrap 95% CIs), and the gate's activity
     (switch opportunities and blocked switches per session)."""
@@ -182,7 +185,7 @@ def ablation_by_session_length(
     records: Mapping[str, pd.DataFrame], thresholds: Sequence[int] = (5, 10, 20, 30),
     n_boot: int = 2000, seed: int = 0,
 ) -> pd.DataFrame:
-    """Figure 5 (spec §10) as a tidy table: per session-length group (all, > 5, > 10, …) and
+    """Figure 5 (docs/model.md §10), a tidy table: per session-length group (all, > 5, > 10, …) and
     variant of :data:`ABLATIONS`, the CO2 and P95-TTFT change over CarbonRouter (%) with paired
     bootstrap CIs (resampled within the group), the P95 TTFT (s), switches and blocked switches
     per session, and the group's size."""

@@ -12,7 +12,7 @@ the full records of the same run (notebook 04's Table 1 at the default scale), t
 summarized instead of replaying again.
 
 Units: CO2 and energy relative to Session-Affinity, P95 TTFT in s, savings in %, γ and κ as in
-:class:`~.simulator.SimulationConfig` (dimensionless), c in sessions per active session, β_Q in
+:class:`~.setting.SimulationConfig` (dimensionless), c in sessions per active session, β_Q in
 [0, 1]; the replay window starts at 00:00 UTC of a date and lasts 7 days.
 """
 
@@ -22,20 +22,21 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pandas as pd
 
 from carbonrouter_lib import experiments, metrics, scale, sweep
 from carbonrouter_lib import paper as paper_numbers
+from carbonrouter_lib.arrivals import ArrivalConfig
 from carbonrouter_lib.carbon import REGION_SETS
+from carbonrouter_lib.paper import PAPER_DATASET
+from carbonrouter_lib.plots import MECHANISMS_SHOWN, POLICY_LABELS
 from carbonrouter_lib.policies import POLICIES
 from carbonrouter_lib.prepared import DATASETS, WorkloadConfig
-from carbonrouter_lib.simulator import SimulationConfig
-from carbonrouter_lib.workload import ArrivalConfig
+from carbonrouter_lib.setting import SimulationConfig
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -78,22 +79,6 @@ N_BOOT: tuple[int, ...] = (200, 1000, 2000)
 EXPLORER_POLICIES: tuple[str, ...] = tuple(dict.fromkeys(
     (*experiments.MAIN_POLICIES, *experiments.ABLATIONS)))
 
-#: The paper's name of each dataset (the Mooncake trace stands in for ShareChat).
-PAPER_DATASET: dict[str, str] = {"sharegpt": "ShareGPT", "mooncake": "ShareChat"}
-
-#: Short policy names for the figure's axes.
-POLICY_LABELS: dict[str, str] = {
-    "session-affinity": "SA", "carbon-affinity": "CA", "gar": "GAR†", "faircarbon": "FC",
-    "carbonrouter": "CR", "carbonrouter-no-gate": "CR w/o gate",
-    "carbonrouter-no-pricing": "CR w/o pricing", "carbonrouter-oracle-gate": "CR oracle gate",
-}
-
-#: The panels of the mechanism figure (columns of :func:`.experiments.mechanisms`).
-MECHANISMS_SHOWN: tuple[str, ...] = (
-    "share_in_cleanest_region", "share_history_recomputed", "switches_per_session",
-    "share_on_70b", "share_best_effort",
-)
-
 # Slider values arrive as binary floats (0.1 + 0.05 ...); rounding keeps one setting one cache key.
 _DECIMALS = 6
 
@@ -102,7 +87,7 @@ _DECIMALS = 6
 class ExplorerSettings:
     """One setting of the explorer: the workload, its scale, the simulation parameters and the
     policies to compare. Defaults are the results notebooks' (:mod:`.scale`) and the paper's
-    (:class:`~.simulator.SimulationConfig`).
+    (:class:`~.setting.SimulationConfig`).
 
     Attributes
     ----------
@@ -370,28 +355,17 @@ def plot_mechanisms(
 ) -> Figure:
     """The mechanism figure: one panel per quantity (shares in [0, 1], switches per session),
     one bar per policy of ``mechanisms`` (:func:`.experiments.mechanisms`), and the paper's value
-    as a black mark where it reports one for ``dataset``'s paper counterpart."""
+    as a black mark where it reports one for ``dataset``'s paper counterpart
+    (:func:`.plots.mechanism_panels`, as notebook 04 draws it)."""
     import matplotlib.pyplot as plt
 
-    values = mechanisms.set_index(["policy", "metric"])["value"]
-    policies = list(dict.fromkeys(mechanisms["policy"]))
-    paper: Mapping[tuple[str, str], float] = {}
-    if dataset is not None:
-        ref = paper_numbers.MECHANISMS
-        paper = ref[ref["dataset"] == PAPER_DATASET[dataset]].set_index(
-            ["policy", "metric"])["paper"].to_dict()
+    from carbonrouter_lib.plots import mechanism_panels
+
     fig, axes = plt.subplots(1, len(metrics_shown), figsize=(3.4 * len(metrics_shown), 3.2),
                              squeeze=False)
-    x = np.arange(len(policies))
-    for ax, metric in zip(axes[0], metrics_shown, strict=True):
-        ax.bar(x, [values.get((p, metric), np.nan) for p in policies],
-               color=plt.cm.tab10(x % 10))
-        for j, p in enumerate(policies):
-            if (p, metric) in paper:
-                ax.plot(j, paper[(p, metric)], "k_", markersize=18, mew=2)
-        ax.set_xticks(x, [POLICY_LABELS.get(p, p) for p in policies], rotation=30, ha="right",
-                      fontsize=8)
-        ax.set_title(metric.replace("_", " "), fontsize=9)
+    mechanism_panels(axes[0], mechanisms, dataset, metrics_shown, rotation=30, ha="right",
+                     fontsize=8)
+    for ax in axes[0]:
         ax.set_ylim(bottom=0)  # every quantity is ≥ 0; an all-zero panel would centre on 0
     if title:
         fig.suptitle(title, fontsize=10)

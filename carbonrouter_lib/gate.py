@@ -1,4 +1,4 @@
-"""CarbonRouter's learned switch gate (spec §7.5): features, two-branch labels, XGBoost, δ.
+"""CarbonRouter's learned switch gate (docs/model.md §7.5): features, two-branch labels, XGBoost, δ.
 
 At a *switch opportunity* (turn k > 0, proposal g ≠ previous deployment b, b still a candidate and
 L(b) > 0) CarbonRouter asks the gate for Â, the carbon (gCO2e) saved by staying on b over this and
@@ -38,19 +38,20 @@ Units: gCO2e, kWh, tokens, seconds, gCO2e/kWh.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import cost, prepared
+from carbonrouter_lib import cache, cost, prepared
+from carbonrouter_lib.backend import BackendConfig
+from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.outputs import atomic_path
 from carbonrouter_lib.policies import (
     Candidates,
@@ -58,10 +59,14 @@ from carbonrouter_lib.policies import (
     QueryContext,
     feasibility,
 )
+from carbonrouter_lib.prepared import conversation_folds
+from carbonrouter_lib.setting import SimulationConfig
+
+if TYPE_CHECKING:  # XGBoost is imported where a gate is trained or loaded
+    import xgboost
 
 __all__ = [
     "FEATURES",
-    "GATE_CODE_VERSION",
     "GateTrainingConfig",
     "LearnedGate",
     "OracleGate",
@@ -70,12 +75,8 @@ __all__ = [
     "ensure_gate",
     "gate_features",
     "gate_path",
-    "session_folds",
     "train_gate",
 ]
-
-#: Bump when features, labels or training change: stored gates and sweep results keyed on it.
-GATE_CODE_VERSION = "2"
 
 #: Gate features, in the order of :func:`gate_features`' vector (b = previous deployment,
 #: g = proposal; tokens under b's model tokenizer).
@@ -168,7 +169,8 @@ class TwoBranchLabeler:
 
     name = "two-branch-labeler"
 
-    def __init__(self, table: pd.DataFrame, config: Any, pricing: bool = True) -> None:
+    def __init__(self, table: pd.DataFrame, config: SimulationConfig, pricing: bool = True
+                 ) -> None:
         self._deps = config.deployments()
         self._constraints = config.constraints()
         self._new = prepared.model_matrix(table, "new_tokens").astype(np.float64)
@@ -248,7 +250,8 @@ class OracleGate:
 
     name = "oracle-gate"
 
-    def __init__(self, table: pd.DataFrame, config: Any, pricing: bool = True) -> None:
+    def __init__(self, table: pd.DataFrame, config: SimulationConfig, pricing: bool = True
+                 ) -> None:
         self._labeler = TwoBranchLabeler(table, config, pricing=pricing)
 
     def __call__(self, ctx: QueryContext, cand: Candidates, g: int, b: int) -> float:
@@ -258,9 +261,9 @@ class OracleGate:
 
 def collect_opportunities(
     table: pd.DataFrame,
-    config: Any = None,
-    signal: Any = None,
-    backend: Any = None,
+    config: SimulationConfig | None = None,
+    signal: CarbonSignal | None = None,
+    backend: BackendConfig | None = None,
     pricing: bool = True,
     progress: bool = False,
 ) -> pd.DataFrame:
@@ -270,7 +273,7 @@ def collect_opportunities(
 
     ``config``, ``signal``, ``backend``: as :func:`carbonrouter_lib.simulator.simulate`.
     """
-    from carbonrouter_lib.simulator import SimulationConfig, simulate
+    from carbonrouter_lib.simulator import simulate  # the replay of the labels
 
     config = config or SimulationConfig()
     signal = config.signal(signal)
@@ -285,17 +288,6 @@ def collect_opportunities(
 # ---------------------------------------------------------------------------------------------
 
 
-def session_folds(sessions: Sequence[int] | np.ndarray, folds: int, seed: int) -> np.ndarray:
-    """Fold (0 … folds−1) of each session id: a SplitMix64 hash of (seed, session), so any
-    session id has a fold without a stored table and folds do not follow the id order."""
-    x = np.asarray(sessions, dtype=np.int64).astype(np.uint64)
-    with np.errstate(over="ignore"):
-        x = x + np.uint64(seed & 0xFFFFFFFF) * np.uint64(0x9E3779B97F4A7C15)
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-    return (x % np.uint64(folds)).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -382,7 +374,7 @@ class _Forest:
     onto the base score (tested against XGBoost's predictions).
     """
 
-    def __init__(self, booster: Any) -> None:
+    def __init__(self, booster: xgboost.Booster) -> None:
         doc = json.loads(bytes(booster.save_raw(raw_format="json")))
         learner = doc["learner"]
         if learner["objective"]["name"] != "reg:squarederror":
@@ -463,7 +455,7 @@ class LearnedGate:
         Training parameters and provenance (setting, pricing, code version).
     """
 
-    def __init__(self, boosters: Sequence[Any], deltas: Sequence[float], training:
+    def __init__(self, boosters: Sequence[xgboost.Booster], deltas: Sequence[float], training:
                  GateTrainingConfig, report: pd.DataFrame, meta: Mapping[str, Any]) -> None:
         if len(boosters) != training.folds or len(deltas) != training.folds:
             raise ValueError(f"LearnedGate: {len(boosters)} models and {len(deltas)} deltas for "
@@ -483,8 +475,8 @@ class LearnedGate:
         each session is its own conversation): the model that routes it never saw it."""
         f = self._fold.get(conversation)
         if f is None:
-            f = self._fold[conversation] = int(session_folds([conversation], self.training.folds,
-                                                             self.training.seed)[0])
+            f = self._fold[conversation] = int(
+                conversation_folds([conversation], self.training.folds, self.training.seed)[0])
         return f
 
     def advantage(self, ctx: QueryContext, cand: Candidates, g: int, b: int) -> float:
@@ -590,7 +582,7 @@ def train_gate(
     # a model and the sessions it routes (with one copy each, the conversation is the session).
     units = opportunities["conversation" if "conversation" in opportunities.columns
                           else "session"].to_numpy()
-    fold = session_folds(units, k, training.seed)
+    fold = conversation_folds(units, k, training.seed)
     boosters, deltas, report = [], [], []
     for f in range(k):
         v = (f + 1) % k
@@ -636,34 +628,36 @@ def train_gate(
 # ---------------------------------------------------------------------------------------------
 
 
-def _gate_key(workload_key: str, simulation: Mapping[str, Any], pricing: bool,
-              training: GateTrainingConfig) -> str:
-    doc = {"workload": workload_key, "simulation": dict(simulation), "pricing": pricing,
-           "training": training.to_dict(), "code": GATE_CODE_VERSION}
-    blob = json.dumps(doc, sort_keys=True, allow_nan=True, default=list)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+def _gate_entry(workload_config: prepared.WorkloadConfig, simulation_config: SimulationConfig,
+                pricing: bool,
+                training: GateTrainingConfig,
+                cache_dir: str | os.PathLike | None) -> cache.Entry:
+    from carbonrouter_lib.datasets import derived_dir
+
+    params = {"workload": workload_config.key(), "simulation": simulation_config.to_dict(),
+              "pricing": pricing, "training": training.to_dict()}
+    return cache.entry("gate", params, "carbonrouter_lib.gate", fmt="json",
+                       folder=cache_dir or derived_dir() / "gates")
 
 
-def gate_path(workload_config: Any, simulation_config: Any, pricing: bool = True,
+def gate_path(workload_config: prepared.WorkloadConfig, simulation_config: SimulationConfig,
+              pricing: bool = True,
               training: GateTrainingConfig | None = None,
               cache_dir: str | os.PathLike | None = None) -> Path:
     """Where :func:`ensure_gate` stores the gate of this setting (default
-    ``derived_dir()/gates``)."""
-    from carbonrouter_lib.datasets import derived_dir
-
+    ``derived_dir()/gates``; beside it, its manifest: :mod:`carbonrouter_lib.cache`)."""
     training = training or GateTrainingConfig()
-    key = _gate_key(workload_config.key(), simulation_config.to_dict(), pricing, training)
-    return Path(cache_dir or derived_dir() / "gates") / f"gate-{key}.json"
+    return _gate_entry(workload_config, simulation_config, pricing, training, cache_dir).payload
 
 
 def ensure_gate(
-    workload_config: Any,
-    simulation_config: Any,
+    workload_config: prepared.WorkloadConfig | None,
+    simulation_config: SimulationConfig,
     pricing: bool = True,
     training: GateTrainingConfig | Mapping[str, Any] | None = None,
     table: pd.DataFrame | None = None,
-    signal: Any = None,
-    backend: Any = None,
+    signal: CarbonSignal | None = None,
+    backend: BackendConfig | None = None,
     cache_dir: str | os.PathLike | None = None,
 ) -> LearnedGate:
     """The learned gate of a setting: the opportunities of the proposal policy (CarbonRouter
@@ -675,16 +669,16 @@ def ensure_gate(
     learned gate). ``table`` / ``signal`` / ``backend``: the prepared workload, carbon signal and
     capacity if already at hand (defaults: built from the configs).
     """
-    from carbonrouter_lib.simulator import backend_config
+    from carbonrouter_lib.setting import backend_config
 
     if not isinstance(training, GateTrainingConfig):
         training = GateTrainingConfig(**{k: (tuple(v) if k == "deltas" else v)
                                          for k, v in dict(training or {}).items()})
-    path = None
+    entry = None
     if workload_config is not None:
-        path = gate_path(workload_config, simulation_config, pricing, training, cache_dir)
-        if path.is_file():
-            return LearnedGate.load(path)
+        entry = _gate_entry(workload_config, simulation_config, pricing, training, cache_dir)
+        if (hit := entry.load(LearnedGate.load)) is not None:
+            return hit[0]
         if table is None:
             table = prepared.prepare_workload(workload_config)
     elif table is None:
@@ -693,14 +687,15 @@ def ensure_gate(
     if backend is None:
         backend = backend_config(table, simulation_config)
     opps = collect_opportunities(table, simulation_config, signal, backend, pricing=pricing)
-    meta = {"key": path.stem.removeprefix("gate-") if path else "unsaved",
+    meta = {"key": entry.key if entry else "unsaved",
             "workload": workload_config.to_dict() if workload_config is not None else None,
             "simulation": simulation_config.to_dict(), "backend": backend.to_dict(),
-            "pricing": pricing, "code": GATE_CODE_VERSION, "n_opportunities": len(opps),
+            "pricing": pricing, "code": cache.code_hash("carbonrouter_lib.gate"),
+            "n_opportunities": len(opps),
             "n_sessions": int(opps["session"].nunique()) if len(opps) else 0,
             "label_mean_g": float(opps["label"].mean()) if len(opps) else math.nan,
             "label_positive_share": float((opps["label"] > 0).mean()) if len(opps) else math.nan}
     gate = train_gate(opps, training, meta)
-    if path is not None:
-        gate.save(path)
+    if entry is not None:
+        entry.save(gate, write=lambda g, path: g.save(path))
     return gate

@@ -1,12 +1,14 @@
-"""Measured GPU energy profiles against the analytical model (beyond the paper, spec §11).
+"""Measured GPU energy profiles against the analytical model (beyond the paper,
+``docs/model.md`` §11.3).
 
-The paper's energy model is analytical (spec §3). A profile measurement (``benchmarks/
-gpu_profile.py``; the data mirror holds one made on an NVIDIA H200) gives, per model architecture
-with random weights: energy per uncached prefill token, the energy of a query's new tokens on top
-of cached histories of several lengths, decode energy per token at several batch sizes, and
-throughputs. This module turns such a measurement into the analytical model's quantities:
+The paper's energy model is analytical (Appendix A, ``docs/model.md`` §3). A profile measurement
+(``benchmarks/gpu_profile.py``; the data mirror holds one made on an NVIDIA H200) gives, per model
+architecture with random weights: energy per uncached prefill token, the energy of a query's new
+tokens on top of cached histories of several lengths, decode energy per token at several batch
+sizes, and throughputs. This module turns such a measurement into the analytical model's quantities:
 
-- relative energy across models and the α that fits it (e_in ∝ P^α on one GPU type, §3);
+- relative energy across models and the α that fits it (e_in ∝ P^α on one GPU type,
+  ``docs/model.md`` §3);
 - γ per model: the extra energy per cached history token (least-squares slope of a query's
   energy over the cached history length) over the energy of an uncached prefill token;
 - κ per model and batch size: decode energy per output token over the prefill energy per token;
@@ -33,7 +35,7 @@ from carbonrouter_lib.profiles import MODEL_SPECS, MODELS, PROFILE_COLUMNS, vali
 __all__ = ["MEASUREMENT_MODEL_NAMES", "load_measurement", "measured_summary", "fit_alpha",
            "calibration", "profile_table"]
 
-#: Names used by the profile measurement → our model names (spec §3 catalogue).
+#: Names used by the profile measurement → our model names (the model catalog, docs/model.md §2).
 MEASUREMENT_MODEL_NAMES: dict[str, str] = {
     "gemma-3-1b": "Gemma-3-1B",
     "llama-3.2-3b": "Llama-3.2-3B",
@@ -112,7 +114,8 @@ def measured_summary(doc: dict[str, Any]) -> pd.DataFrame:
 
 
 def fit_alpha(summary: pd.DataFrame) -> tuple[float, float]:
-    """α of e_in ∝ P^α (spec §3: e_in ∝ P / MFU and MFU ∝ P^(1−α)), fitted by least squares on
+    """α of e_in ∝ P^α (Appendix A, ``docs/model.md`` §3: e_in ∝ P / MFU and MFU ∝ P^(1−α)), fitted
+    by least squares on
     log e_in over log P across the measured models; returns (α, R² of the fit)."""
     x = np.log(summary["params_b"].to_numpy(np.float64))
     y = np.log(summary["e_in_j"].to_numpy(np.float64))

@@ -1,9 +1,12 @@
-"""Evaluation metrics of a replay (spec §9) and paired, session-level bootstrap CIs.
+"""Evaluation metrics of a replay (``docs/model.md`` §9) and paired, session-level bootstrap CIs.
 
 The simulator returns, per policy run, a *records* table: one row per query in dispatch order,
-rejected queries included (see :data:`RECORD_COLUMNS`). This module turns it into
+rejected queries included (see :data:`RECORD_COLUMNS`). A rejected query's row has deployment
+−1, empty model / GPU / region, zero energy, carbon, cached and recomputed tokens, NaN TTFT,
+quality and ``completion_s`` (it never completes), and the history it would have carried under
+the 70B's tokenizer. This module turns it into
 
-- :func:`summarize` — every metric of spec §9 for one run, units in the names;
+- :func:`summarize` — every metric of ``docs/model.md`` §9 for one run, units in the names;
   :func:`summary_table` — one row per policy; :func:`normalize` — ratios to Session-Affinity = 1
   (the paper's Table 1 / Table 2 normalization);
 - :func:`paired_saving_ci`, :func:`paired_change_ci`, :func:`paired_ratio_ci` — a statistic of
@@ -11,7 +14,7 @@ rejected queries included (see :data:`RECORD_COLUMNS`). This module turns it int
   the same draws for both policies (paired); :func:`paired_table` / :func:`saving_table` — one row
   per baseline (Table 1's last column, Table 2's Δ columns);
 - :func:`by_session_length` and :func:`paired_by_session_length` — the same per group of sessions
-  with more than t turns (spec §10, Figure 4).
+  with more than t turns (the paper's Figure 4; ``paper.FIGURE4``).
 
 Why a session bootstrap: the turns of a session share its history, model choice and cache, so
 queries are not independent; sessions are (their arrivals are a Poisson process). When a replay
@@ -91,10 +94,10 @@ RECORD_COLUMNS: dict[str, str] = {
     "gate_blocked": "bool",
 }
 
-#: The policy every ratio is normalized to (spec §9: Session-Affinity = 1).
+#: The policy every ratio is normalized to (docs/model.md §9: Session-Affinity = 1).
 REFERENCE_POLICY = "session-affinity"
 
-#: The model whose share of served queries the paper reports (spec §10).
+#: The model whose share of served queries the paper reports (Section 6; paper.MECHANISMS).
 LARGE_MODEL = "Llama-3.1-70B"
 
 #: Summary columns that :func:`normalize` turns into ratios by default (Table 1 / Table 2), and
@@ -121,8 +124,8 @@ def validate_records(records: pd.DataFrame, name: str = "records") -> None:
 
     Checks: every column of :data:`RECORD_COLUMNS` is present with a compatible dtype; at least
     one row; no missing session / turn / token / energy / carbon values; 0 ≤ cached ≤ history and
-    recomputed = history − cached (tokens); a rejected query is not best-effort and has zero
-    energy and carbon. Extra columns are allowed.
+    recomputed = history − cached (tokens) on a served query; a rejected query is not best-effort
+    and has zero recomputed tokens, energy and carbon. Extra columns are allowed.
 
     Raises
     ------
@@ -159,12 +162,12 @@ def validate_records(records: pd.DataFrame, name: str = "records") -> None:
     recomputed = records["recomputed_tokens"].to_numpy(np.float64)
     _first_bad(records, cached < 0, f"{name}: negative cached_tokens")
     _first_bad(records, cached > hist + _TOKEN_TOL, f"{name}: cached_tokens > history_tokens")
+    rejected = records["rejected"].to_numpy(bool)
     _first_bad(
         records,
-        np.abs(recomputed - (hist - cached)) > _TOKEN_TOL,
-        f"{name}: recomputed_tokens != history_tokens - cached_tokens",
+        np.abs(recomputed - np.where(rejected, 0.0, hist - cached)) > _TOKEN_TOL,
+        f"{name}: recomputed_tokens != history_tokens - cached_tokens (0 on a rejected query)",
     )
-    rejected = records["rejected"].to_numpy(bool)
     _first_bad(
         records,
         rejected & records["best_effort"].to_numpy(bool),
@@ -196,7 +199,7 @@ def _first_bad(records: pd.DataFrame, bad: np.ndarray, message: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Summary of one run (spec §9)
+# Summary of one run (docs/model.md §9)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -206,7 +209,7 @@ def _div(num: float, den: float) -> float:
 
 
 def summarize(records: pd.DataFrame) -> pd.Series:
-    """Every metric of spec §9 for one policy run.
+    """Every metric of ``docs/model.md`` §9 for one policy run.
 
     Populations: *queries* = all rows (served and rejected); *served* = rows with
     ``rejected == False``; *sessions* = distinct ``session`` values (including sessions whose every
@@ -341,7 +344,8 @@ def normalize(
     columns: Mapping[str, str] | Sequence[str] = NORMALIZED_COLUMNS,
     keep: Sequence[str] | None = ("p95_ttft_s",),
 ) -> pd.DataFrame:
-    """Ratios of summary columns to the reference policy's row (spec §9: Session-Affinity = 1).
+    """Ratios of summary columns to the reference policy's row (``docs/model.md`` §9:
+    Session-Affinity = 1).
 
     Parameters
     ----------
@@ -917,7 +921,7 @@ def saving_table(
 
 
 # ---------------------------------------------------------------------------------------------
-# Session-length groups (spec §10, Figure 4)
+# Session-length groups (the paper's Figure 4)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -997,12 +1001,11 @@ def paired_by_session_length(
 ) -> pd.DataFrame:
     """A paired comparison of A and B per session-length group, with bootstrap CIs.
 
-    ``kind="saving"``: saving of A over B, 100·(1 − ΣA/ΣB) % (spec §10: CarbonRouter over
-    FairCarbon by session length); ``kind="change"``: 100·(stat(A)/stat(B) − 1) % (e.g. the
-    CO2 cost of removing the gate, A = w/o Gate, B = CarbonRouter); ``kind="ratio"``. Each group
-    is bootstrapped on its own sessions (resampled within the group). Columns as
-    :func:`paired_table` plus ``more_than_turns``; a group without sessions is a NaN row with
-    ``n_sessions = 0``.
+    ``kind="saving"``: saving of A over B, 100·(1 − ΣA/ΣB) % (the paper's Figure 4: CarbonRouter
+    over FairCarbon by session length); ``kind="change"``: 100·(stat(A)/stat(B) − 1) % (e.g. the CO2
+    cost of removing the gate, A = w/o Gate, B = CarbonRouter); ``kind="ratio"``. Each group is
+    bootstrapped on its own sessions (resampled within the group). Columns as :func:`paired_table`
+    plus ``more_than_turns``; a group without sessions is a NaN row with ``n_sessions = 0``.
     """
     _check_kind(kind, statistic)
     _aligned_sessions(records_a, records_b, None)  # same trace, or a clear error first

@@ -1,12 +1,13 @@
-"""Output length at routing time: a cross-fitted estimator of N_out (spec §4, §5, §8).
+"""Output length at routing time: a cross-fitted estimator of N_out (``docs/model.md`` §4, §5,
+§8).
 
 The router needs N_out(m), the output tokens of a query under model m's tokenizer, *before* the
-response exists: the context check (spec §5, §6a.1: N_new + N_hist + N_out ≤ window), Eq. 4's
-output energy e_out·N_out and the completion time use it. Accounting uses the realized value,
-which in the trace-driven replay is the trace's response under the serving model's tokenizer
-(spec §8). The response is the same whichever model serves, so there is one estimate per
-tokenizer family (column ``est_output_tokens_<family>``); a model's estimate is its family's
-(:func:`estimate_column`).
+response exists: the context check (Eq. 7; ``docs/model.md`` §5, §6a.1: N_new + N_hist + N_out ≤
+window), Eq. 4's output energy e_out·N_out and the completion time use it. Accounting uses the
+realized value, which in the trace-driven replay is the trace's response under the serving model's
+tokenizer (``docs/model.md`` §8). The response is the same whichever model serves, so there is one
+estimate per tokenizer family (column ``est_output_tokens_<family>``); a model's estimate is its
+family's (:func:`estimate_column`).
 
 What the estimator sees (all known at routing time of turn k of a conversation):
 

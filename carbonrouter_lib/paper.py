@@ -15,7 +15,8 @@ paper's names (``ShareChat``, ``ShareGPT``: our Mooncake replay stands in for Sh
 
 Contents
 --------
-- Setting: :data:`REGIONS`, :data:`MODELS` (the paper's setup, ``docs/model.md`` §2),
+- Setting: :data:`PAPER_DATASET` (which of the paper's datasets each of ours stands for),
+  :data:`REGIONS`, :data:`MODELS` (the paper's setup, ``docs/model.md`` §2),
   :data:`APPENDIX_A_GPUS`, :data:`DEFAULTS` (Appendix A constants and the default β_Q, D_TTFT, c,
   T_TTL of the paper's model and setup).
 - Section 2: :data:`SECTION2_CARBON` (Figure 1), :data:`SECTION2_HISTORY` (Figure 2(a)),
@@ -33,6 +34,7 @@ import math
 import pandas as pd
 
 __all__ = [
+    "PAPER_DATASET",
     "REGIONS",
     "MODELS",
     "APPENDIX_A_GPUS",
@@ -60,6 +62,11 @@ _NAN = math.nan
 # ---------------------------------------------------------------------------------------------
 # Setting (the paper's setup, Appendix A)
 # ---------------------------------------------------------------------------------------------
+
+#: The paper's dataset each of ours stands for (keys: ``prepared.DATASETS``): ShareGPT is the
+#: paper's ShareGPT; the Mooncake trace stands in for ShareChat, which is not obtainable
+#: (``docs/model.md`` §8). Our ShareChat column is the Mooncake replay.
+PAPER_DATASET: dict[str, str] = {"sharegpt": "ShareGPT", "mooncake": "ShareChat"}
 
 #: The paper's four regions, in the order the project breaks ties.
 REGIONS: tuple[str, ...] = ("AT", "GB", "BE", "US-CAL-CISO")

@@ -1,4 +1,4 @@
-"""The prepared workload: one table of every query the simulator replays (spec §4, §5, §8).
+"""The prepared workload: one table of every query the simulator replays (docs/model.md §4, §5, §8).
 
 For a dataset and a :class:`WorkloadConfig`, :func:`prepare_workload` returns one row per query
 (session, turn) with
@@ -16,13 +16,14 @@ Datasets:
 
 - ``"sharegpt"``: the salvaged ShareGPT conversations (:mod:`carbonrouter_lib.sharegpt`), quality
   from the offline predictor on the query and its recent context (:mod:`carbonrouter_lib.quality`).
-- ``"mooncake"``: the Mooncake conversation trace (:func:`.workload.mooncake_turns`),
+- ``"mooncake"``: the Mooncake conversation trace (:func:`.mooncake.mooncake_turns`),
   **standing in for the paper's ShareChat, which is not obtainable here**. It has no text, so each
   query borrows the quality vector of a ShareGPT query of similar input length
   (:func:`borrow_quality`, seeded); its token counts are the trace's (one count for every model).
 
 Quality and output estimates depend only on the dataset (not on arrivals or sampling), so they are
-computed once per dataset and cached; the whole table is cached by a hash of its parameters.
+computed once per dataset and cached; the whole table is cached by a hash of its parameters and
+of the code (:mod:`carbonrouter_lib.cache`).
 
 A trace of one's own (JSONL, CSV or parquet; the format is in :mod:`carbonrouter_lib.traces`)
 becomes a table with exactly these columns through :func:`from_turns`, so every replay, sweep
@@ -47,8 +48,6 @@ comparison across scales), and one copy is *exactly* the unscaled table. :func:`
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -58,14 +57,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import output_length, quality, sharegpt, traces, workload
-from carbonrouter_lib.datasets import derived_dir
-from carbonrouter_lib.outputs import atomic_path
+from carbonrouter_lib import arrivals, cache, mooncake, output_length, quality, sharegpt, traces
 from carbonrouter_lib.profiles import MODELS, REFERENCE_DEPLOYMENT
 from carbonrouter_lib.tokenizers import TOKENIZER_FAMILIES, TOKENIZER_OF_MODEL
 
 __all__ = [
-    "CODE_VERSION",
     "DATASETS",
     "QUANTITIES",
     "WorkloadConfig",
@@ -86,8 +82,7 @@ __all__ = [
     "with_peak",
 ]
 
-#: Bump when the table's construction changes, so stale caches are not reused.
-CODE_VERSION = "1"
+_MODULE = "carbonrouter_lib.prepared"
 DATASETS: tuple[str, ...] = ("sharegpt", "mooncake")
 #: Per-model quantities, one column each per model.
 QUANTITIES: tuple[str, ...] = (
@@ -125,7 +120,7 @@ class WorkloadConfig:
     seed
         Seed of session sampling, session start times, think times and quality borrowing.
     arrival
-        Replay window and think-time distribution (:class:`workload.ArrivalConfig`).
+        Replay window and think-time distribution (:class:`arrivals.ArrivalConfig`).
     max_conversations
         Use only the first N conversations of the dataset (quick runs and tests); None for all.
     think_source
@@ -144,7 +139,7 @@ class WorkloadConfig:
     dataset: str = "sharegpt"
     n_sessions: int | None = None
     seed: int = 0
-    arrival: workload.ArrivalConfig = field(default_factory=workload.ArrivalConfig)
+    arrival: arrivals.ArrivalConfig = field(default_factory=arrivals.ArrivalConfig)
     max_conversations: int | None = None
     think_source: str = "model"
     context_turns: int = 1
@@ -154,10 +149,7 @@ class WorkloadConfig:
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
             raise ValueError(f"unknown dataset {self.dataset!r}: choose one of {DATASETS}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int | np.integer) or (
-            self.seed < 0
-        ):
-            raise ValueError(f"WorkloadConfig.seed must be an integer ≥ 0, got {self.seed!r}")
+        arrivals.check_seed(self.seed, "WorkloadConfig.seed")
         for name in ("n_sessions", "max_conversations"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -192,10 +184,9 @@ class WorkloadConfig:
         return d
 
     def key(self) -> str:
-        """Short hash of the parameters and the code version (cache key)."""
-        text = json.dumps({"config": self.to_dict(), "code": CODE_VERSION}, sort_keys=True,
-                          default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        """Key of the table: hash of the parameters and of the code that prepares it
+        (:func:`carbonrouter_lib.cache.key`)."""
+        return cache.key("workload", self.to_dict(), _MODULE)
 
 
 def base_turns(dataset: str, max_conversations: int | None = None) -> pd.DataFrame:
@@ -205,7 +196,7 @@ def base_turns(dataset: str, max_conversations: int | None = None) -> pd.DataFra
                                                 progress=False)
         return turns
     if dataset == "mooncake":
-        turns = workload.mooncake_turns()
+        turns = mooncake.mooncake_turns()
         if max_conversations is not None:
             keep = turns["conversation_id"].unique()[:max_conversations]
             turns = turns[turns["conversation_id"].isin(keep)].reset_index(drop=True)
@@ -242,32 +233,21 @@ def borrow_quality(
     return donor_quality[donors], donors
 
 
-def _cached(name: str, build, meta: dict[str, Any]) -> pd.DataFrame:
-    """Load ``derived/<name>.parquet`` if present, else build, write atomically, return."""
-    path = derived_dir() / f"{name}.parquet"
-    if path.is_file():
-        return pd.read_parquet(path)
-    df = build()
-    df.attrs = {}
-    with atomic_path(path) as tmp:
-        df.to_parquet(tmp, index=False)
-    with atomic_path(derived_dir() / f"{name}.json") as tmp:
-        tmp.write_text(json.dumps(meta, indent=1, default=str))
-    return df
-
-
 def dataset_columns(config: WorkloadConfig) -> pd.DataFrame:
     """Per-query columns that depend only on the dataset: tokens, estimated outputs, quality.
 
-    Cached per (dataset, max_conversations, context_turns, output_folds); arrivals and sampling
-    do not invalidate it. Row order is the base turns table's.
+    Cached per (dataset, max_conversations, context_turns, output_folds, and for a dataset whose
+    quality is borrowed from ShareGPT donors the seed that draws them); arrivals and sampling do
+    not invalidate it. Row order is the base turns table's.
     """
-    meta = {"dataset": config.dataset, "max_conversations": config.max_conversations,
-            "context_turns": config.context_turns, "output_folds": config.output_folds,
-            # Upstream versions too, so a changed predictor or parser never reuses stale columns.
-            "code": CODE_VERSION, "quality_code": quality.CODE_VERSION,
-            "sharegpt_code": sharegpt.CODE_VERSION}
-    key = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
+    params = {"dataset": config.dataset, "max_conversations": config.max_conversations,
+              "context_turns": config.context_turns, "output_folds": config.output_folds}
+    if config.dataset != "sharegpt":  # quality borrowed from ShareGPT donors drawn by the seed
+        params["seed"] = config.seed
+    # The code hash covers the predictor and the parser too (this module imports them).
+    entry = cache.entry("workload_columns", params, _MODULE)
+    if (hit := entry.load()) is not None:
+        return hit[0]
 
     def build() -> pd.DataFrame:
         turns = base_turns(config.dataset, config.max_conversations)
@@ -299,23 +279,25 @@ def dataset_columns(config: WorkloadConfig) -> pd.DataFrame:
             out[column("quality", m)] = q[:, j]
         return out
 
-    return _cached(f"workload_{config.dataset}_columns_{key}", build, meta)
+    df = build()
+    df.attrs = {}
+    return entry.save(df)
 
 
 def prepare_workload(config: WorkloadConfig | None = None, use_cache: bool = True) -> pd.DataFrame:
     """The prepared workload table of ``config`` (see the module docstring for its columns).
 
-    Cached as parquet in :func:`~carbonrouter_lib.datasets.derived_dir` under a hash of the
-    parameters, when it replays each conversation at most once; a resampled (``sessions_per_s``)
+    Cached as parquet (:mod:`carbonrouter_lib.cache`) under :meth:`WorkloadConfig.key`, when it
+    replays each conversation at most once; a resampled (``sessions_per_s``)
     table is rebuilt from the cached dataset columns instead (seconds, and deterministic: a
     service-scale table is millions of rows, not worth its disk). ``table.attrs["config"]`` holds
     the parameters. Rows are sorted by session start, then turn; ``session`` numbers sessions
     0…N−1 in that order.
     """
     config = config or WorkloadConfig()
-    path = derived_dir() / f"workload_{config.dataset}_{config.key()}.parquet"
-    if use_cache and path.is_file():
-        table = pd.read_parquet(path)
+    entry = cache.entry("workload", config.to_dict(), _MODULE)  # its key is config.key()
+    if use_cache and (hit := entry.load()) is not None:
+        table = hit[0]
         table.attrs["config"] = config.to_dict()
         return table
 
@@ -330,7 +312,7 @@ def prepare_workload(config: WorkloadConfig | None = None, use_cache: bool = Tru
         cols = cols[cols["conversation_id"].isin(ids)]
     n_total = config.n_replayed(len(ids))
     copies, extra = divmod(n_total, len(ids))
-    starts = workload.session_start_times(n_total, config.arrival, rng)
+    starts = arrivals.session_start_times(n_total, config.arrival, rng)
     # Unit u = copy·n + j replays conversation ids[j] (then the `extra` units); sessions are
     # assigned start times in a seeded random order (not in trace order).
     n = len(ids)
@@ -361,7 +343,7 @@ def prepare_workload(config: WorkloadConfig | None = None, use_cache: bool = Tru
     if config.think_source == "trace":
         think = np.nan_to_num(np.maximum(table["think_time_trace_s"].to_numpy(), 0.0))
     else:
-        think = workload.think_times(len(table), config.arrival, rng)
+        think = arrivals.think_times(len(table), config.arrival, rng)
     table.insert(2, "think_s", np.where(first, 0.0, think))
     table["_start"] = session_start
     table = table.sort_values(["_start", "turn"], kind="stable").drop(columns="_start")
@@ -369,10 +351,7 @@ def prepare_workload(config: WorkloadConfig | None = None, use_cache: bool = Tru
     table = table.reset_index(drop=True)
 
     if n_total <= len(ids):
-        with atomic_path(path) as tmp:
-            table.to_parquet(tmp, index=False)
-        with atomic_path(path.with_suffix(".json")) as tmp:
-            tmp.write_text(json.dumps(config.to_dict(), indent=1, default=str))
+        entry.save(table)
     table.attrs["config"] = config.to_dict()
     return table
 
@@ -385,7 +364,7 @@ def from_turns(
     turns: Any,
     *,
     name: str | None = None,
-    arrival: workload.ArrivalConfig | None = None,
+    arrival: arrivals.ArrivalConfig | None = None,
     seed: int = 0,
     quality_source: str = "auto",
     context_turns: int = 1,
@@ -407,7 +386,7 @@ def from_turns(
     arrival
         Replay window and think-time model for what the trace does not give (session starts
         without timestamps, think times without ``think_s`` or later-turn timestamps); default
-        :class:`workload.ArrivalConfig()` (7 days from Monday 2022-01-03 UTC).
+        :class:`arrivals.ArrivalConfig()` (7 days from Monday 2022-01-03 UTC).
     seed
         Seed of the drawn start times and think times (and of quality borrowing).
     quality_source
@@ -444,7 +423,8 @@ def from_turns(
     if quality_source not in QUALITY_SOURCES:
         raise ValueError(f"quality_source must be one of {QUALITY_SOURCES}, got "
                          f"{quality_source!r}")
-    arrival = arrival or workload.ArrivalConfig()
+    seed = arrivals.check_seed(seed, "from_turns: seed")
+    arrival = arrival or arrivals.ArrivalConfig()
     t = traces.read_turns(turns, time_origin=time_origin)
     report = t.attrs["trace"]
     if name is None:
@@ -504,7 +484,7 @@ def from_turns(
     conv_code, _ = pd.factorize(out["conversation_id"], sort=False)
     given_start = t["start_s"].to_numpy()[first]
     if np.isnan(given_start).all():
-        starts = workload.session_start_times(n_conv, arrival, rng)
+        starts = arrivals.session_start_times(n_conv, arrival, rng)
         unit_start = np.empty(n_conv)
         unit_start[rng.permutation(n_conv)] = starts
         window = arrival
@@ -514,7 +494,7 @@ def from_turns(
         window = dataclasses.replace(arrival, window_start=pd.Timestamp(math.floor(lo), unit="s",
                                                                         tz="UTC"),
                                      window_days=max(hi - math.floor(lo), 1.0) / 86_400.0)
-    drawn = workload.think_times(len(out), arrival, rng)
+    drawn = arrivals.think_times(len(out), arrival, rng)
     given_think = t["think_s"].to_numpy()
     think = np.where(np.isnan(given_think), drawn, given_think)
     session_start = unit_start[conv_code]
@@ -540,13 +520,13 @@ def from_turns(
 
 def _reference_service(table: pd.DataFrame) -> np.ndarray:
     m = MODELS.index(REFERENCE_DEPLOYMENT[0])
-    service = workload.ServiceTimeModel.from_profile(*REFERENCE_DEPLOYMENT)
+    service = arrivals.ServiceTimeModel.from_profile(*REFERENCE_DEPLOYMENT)
     return service.service_s(model_matrix(table, "new_tokens")[:, m],
                              model_matrix(table, "output_tokens")[:, m])
 
 
 def peak_active_sessions(table: pd.DataFrame) -> int:
-    """P: the peak number of simultaneously active sessions of a prepared workload (spec §6).
+    """P: the peak number of simultaneously active sessions of a workload (docs/model.md §6).
 
     A session is active from its first arrival to its last completion. Completion depends on
     routing, and P is a property of the trace, not of a policy: so it is measured with the
@@ -574,7 +554,7 @@ def peak_active_sessions(table: pd.DataFrame) -> int:
 
 def mean_context_tokens(table: pd.DataFrame) -> float:
     """C̄: mean query context (history + new input tokens) of the workload, in the reference
-    model's tokens (spec §6: KV memory per region = K·C̄)."""
+    model's tokens (docs/model.md §6: KV memory per region = K·C̄)."""
     m = MODELS.index(REFERENCE_DEPLOYMENT[0])
     ctx = (model_matrix(table, "history_tokens")[:, m]
            + model_matrix(table, "new_tokens")[:, m])
@@ -696,3 +676,17 @@ def conversation_codes(table: pd.DataFrame) -> np.ndarray:
         return table["session"].to_numpy(np.int64)
     codes, _ = pd.factorize(table["conversation_id"], sort=False)
     return codes.astype(np.int64)
+
+
+def conversation_folds(ids: np.ndarray | list[int], folds: int, seed: int) -> np.ndarray:
+    """Fold (0 … folds−1) of each conversation (or session) id, for held-out training (the
+    learned gate, the horizon model): a SplitMix64 hash of (seed, id), so any id has a fold
+    without a stored table and folds do not follow the id order."""
+    x = np.asarray(ids, dtype=np.int64).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(seed & 0xFFFFFFFF) * np.uint64(0x9E3779B97F4A7C15)
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return (x % np.uint64(folds)).astype(np.int64)

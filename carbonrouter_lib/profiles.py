@@ -5,13 +5,14 @@ needs: energy per uncached input token ``e_in``, per cached input token ``e_cach
 token ``e_out`` (all kWh/token), prefill throughput ``v_pre`` and decode throughput ``v_dec``
 (tokens/s). Two sources give the same table schema:
 
-- :func:`analytical_profiles` — the paper's analytical model from GPU datasheets (spec §3);
+- :func:`analytical_profiles` — the paper's analytical model from GPU datasheets (Appendix A,
+  ``docs/model.md`` §3);
 - :func:`load_measured_profiles` — an operator's measured profiles from a CSV file.
 
 Both pass through :func:`validate_profiles`, so the rest of the code never checks again.
 
-The analytical model (spec §3), with P_m parameters, F_h peak dense FP16 FLOP/s, TDP_h watts,
-B_h memory bandwidth in bytes/s, G_{m,h} GPUs per deployment:
+The analytical model (Appendix A, ``docs/model.md`` §3), with P_m parameters, F_h peak dense FP16
+FLOP/s, TDP_h watts, B_h memory bandwidth in bytes/s, G_{m,h} GPUs per deployment:
 
 - prefill MFU            η_{m,h} = η_ref · (P_m / 70e9)^(1−α) · η_h
 - uncached input token   e_in  = 2·P_m · f · TDP_h / (η_{m,h} · F_h)   J/token (/3.6e6 → kWh)
@@ -32,6 +33,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from carbonrouter_lib.paper import DEFAULTS
 
 __all__ = [
     "MODELS",
@@ -56,7 +59,7 @@ __all__ = [
     "kv_tokens_per_instance",
 ]
 
-#: Models of the paper, smallest to largest (spec §2). Tables are ordered this way.
+#: Models of the paper, smallest to largest (docs/model.md §2). Tables are ordered this way.
 MODELS: tuple[str, ...] = (
     "Gemma-3-1B",
     "Llama-3.2-3B",
@@ -64,13 +67,14 @@ MODELS: tuple[str, ...] = (
     "Mistral-7B-v0.2",
     "Llama-3.1-70B",
 )
-#: GPU types of the paper (A100 = A100-40GB, H100 = H100-SXM). Also the tie-break order (§6a.9).
+#: GPU types of the paper (A100 = A100-40GB, H100 = H100-SXM). Also the tie-break order
+#: (docs/model.md §6a.9).
 GPUS: tuple[str, ...] = ("A10", "A100", "H100")
-#: The deployment every relative energy ρ is normalized to (spec §3).
+#: The deployment every relative energy ρ is normalized to (docs/model.md §3).
 REFERENCE_DEPLOYMENT: tuple[str, str] = ("Llama-3.1-70B", "A100")
 
 _J_PER_KWH = 3.6e6
-#: Size of the reference model in η_{m,h}'s scaling law (70B, spec §3), parameters.
+#: Size of the reference model in η_{m,h}'s scaling law (70B, docs/model.md §3), parameters.
 _REF_PARAMS = 70e9
 
 
@@ -129,7 +133,8 @@ class ModelSpec:
     params_b : float
         Nominal size P_m, billions of parameters.
     context_window : int
-        Context window, tokens (32K = 32,768, 128K = 131,072; spec §6a.1).
+        Context window, tokens (32K = 32,768, 128K = 131,072; ``docs/model.md``
+        §6a.1).
     gpus_per_deployment : tuple of (str, int) pairs, or a mapping
         G_{m,h} for GPU types that need more than one device; every GPU type not listed runs the
         model on one device. A mapping is accepted and stored as sorted pairs (hashable).
@@ -172,7 +177,7 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class ProfileConstants:
-    """Constants of the analytical profile model (paper defaults, spec §3).
+    """Constants of the analytical profile model (paper defaults, Appendix A, ``docs/model.md`` §3).
 
     Parameters
     ----------
@@ -189,11 +194,11 @@ class ProfileConstants:
         (a cache hit never costs more than recomputing).
     """
 
-    f: float = 0.85
-    eta_ref: float = 0.5
-    alpha: float = 0.8
-    kappa: float = 6.0
-    gamma: float = 0.05
+    f: float = DEFAULTS["f"]
+    eta_ref: float = DEFAULTS["eta_ref"]
+    alpha: float = DEFAULTS["alpha"]
+    kappa: float = DEFAULTS["kappa"]
+    gamma: float = DEFAULTS["gamma"]
 
     def __post_init__(self) -> None:
         for name in ("f", "eta_ref", "alpha", "kappa", "gamma"):
@@ -222,7 +227,7 @@ GPU_SPECS: dict[str, GPUSpec] = {
     "H100": GPUSpec("H100", peak_tflops=989.5, tdp_w=700.0, mem_bw_gb_s=3350.0, eta=0.69),
 }
 
-#: Model catalog (spec §2): sizes, context windows, and the multi-GPU 70B deployments.
+#: Model catalog (docs/model.md §2): sizes, context windows, and the multi-GPU 70B deployments.
 MODEL_SPECS: dict[str, ModelSpec] = {
     "Gemma-3-1B": ModelSpec("Gemma-3-1B", 1.0, 32_768),
     "Llama-3.2-3B": ModelSpec("Llama-3.2-3B", 3.0, 131_072),
@@ -379,7 +384,7 @@ def analytical_profiles(
     constants: ProfileConstants | None = None,
     **overrides: float,
 ) -> pd.DataFrame:
-    """The paper's analytical profiles, one row per (model, GPU) (spec §3, Appendix A).
+    """The paper's analytical profiles, one row per (model, GPU) (Appendix A, ``docs/model.md`` §3).
 
     Parameters
     ----------
@@ -649,7 +654,7 @@ def load_measured_profiles(path: str | os.PathLike, complete: bool = True) -> pd
 
 class ProfileTable:
     """A validated profile table and the SHA-256 of its content: what
-    :attr:`carbonrouter_lib.simulator.SimulationConfig.profiles` holds.
+    :attr:`carbonrouter_lib.setting.SimulationConfig.profiles` holds.
 
     Two tables are equal (and hash alike) when their content is, so a setting that carries one
     can key caches (``functools.lru_cache``, sweep and gate keys) without ever hashing a

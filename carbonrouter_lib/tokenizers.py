@@ -1,11 +1,11 @@
 """Per-model token counting: every token count of the paper is under the serving model's tokenizer.
 
-The paper's five models use three tokenizers (spec §2): the Gemma-3 SentencePiece model for
-Gemma-3-1B and Gemma-3-4B, the Llama-3 tiktoken BPE for Llama-3.2-3B and Llama-3.1-70B, and the
+The paper's five models use three tokenizers (``docs/model.md`` §2): the Gemma-3 SentencePiece model
+for Gemma-3-1B and Gemma-3-4B, the Llama-3 tiktoken BPE for Llama-3.2-3B and Llama-3.1-70B, and the
 Mistral v1 SentencePiece model for Mistral-7B-v0.2. The tokenizer files come from the data layer
 (:func:`carbonrouter_lib.datasets.fetch`, hash-verified) and never from the network at load time.
 
-Counts are of the raw text only: no BOS/EOS token and no chat template (spec §8a), so
+Counts are of the raw text only: no BOS/EOS token and no chat template (``docs/model.md`` §8a), so
 ``count_tokens([""], f)`` is 0 for every family. Counting is batched and multi-threaded
 (tiktoken's ``encode_ordinary_batch``, SentencePiece's list ``encode``) and processes long inputs
 in chunks so that memory stays bounded (only the counts are kept, never the token ids).
@@ -40,7 +40,7 @@ __all__ = [
 #: Tokenizer families; one table column per family (``new_tokens_<family>`` etc.).
 TOKENIZER_FAMILIES: tuple[str, ...] = ("gemma3", "llama3", "mistral")
 
-#: Which tokenizer each model uses (spec §2).
+#: Which tokenizer each model uses (docs/model.md §2).
 TOKENIZER_OF_MODEL: dict[str, str] = {
     "Gemma-3-1B": "gemma3",
     "Llama-3.2-3B": "llama3",
@@ -102,7 +102,8 @@ def _load(family: str) -> Any:
         import tiktoken
         import tiktoken.load
 
-        # special_tokens={}: chat/BOS tokens are never counted (spec §8a), and encode_ordinary
+        # special_tokens={}: chat/BOS tokens are never counted (docs/model.md §8a), and
+        # encode_ordinary
         # treats text like "<|eot_id|>" as plain text anyway.
         return tiktoken.Encoding(
             name="llama3",

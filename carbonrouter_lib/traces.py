@@ -7,7 +7,9 @@ prepared.from_turns` turns that into the prepared workload every replay takes.
 The trace format
 ----------------
 One row per turn (a user message and the assistant's response); rows in any order. Columns (any
-others are ignored):
+other column is ignored and named in a warning and in the report's ``ignored_columns``; a column
+that looks like a time of its own, e.g. ``arrival_s`` or ``start_time``, is an error, since the
+replay would otherwise draw the times it seems to give):
 
 ======================================  ==========================================================
 column                                  meaning
@@ -39,7 +41,7 @@ column                                  meaning
 ``est_output_tokens`` (optional)         output-length estimates of one's own (or per family)
 ======================================  ==========================================================
 
-Without timestamps, sessions start by the arrival model (:class:`workload.ArrivalConfig`:
+Without timestamps, sessions start by the arrival model (:class:`arrivals.ArrivalConfig`:
 Poisson over the replay window); without ``think_s`` or later-turn timestamps, think times come
 from its distribution. Tokens are whole numbers ≥ 0 and times are in seconds: a non-integer or
 negative count, a string where a number belongs, a negative or missing think time, a
@@ -59,15 +61,16 @@ import json
 import math
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from carbonrouter_lib.arrivals import ServiceTimeModel
 from carbonrouter_lib.profiles import MODELS
 from carbonrouter_lib.tokenizers import TOKENIZER_FAMILIES, count_tokens
-from carbonrouter_lib.workload import ServiceTimeModel
 
 __all__ = ["ID_COLUMNS", "MAX_THINK_S", "MS_STAMP", "TraceError", "read_turns"]
 
@@ -265,6 +268,35 @@ def _stamps(df: pd.DataFrame, rows: _Rows, time_origin: Any) -> np.ndarray:
     return out
 
 
+#: The format's columns besides the ids (per-family variants are ``<base>_<family>``).
+_BASES: tuple[str, ...] = ("new_tokens", "output_tokens", "history_tokens", "est_output_tokens")
+_OTHER_COLUMNS: frozenset[str] = frozenset(
+    {"turn", "user_text", "assistant_text", "timestamp", "think_s", *_BASES,
+     *(f"{b}_{f}" for b in _BASES for f in TOKENIZER_FAMILIES),
+     *(f"quality_{m}" for m in MODELS)})
+#: Words that make an unknown column look like a time the trace means the replay to use.
+_TIME_WORDS: frozenset[str] = frozenset(
+    {"arrival", "arrive", "arrived", "start", "started", "time", "timestamp", "ts", "date",
+     "datetime", "sent", "created", "at", "s", "ms", "sec", "secs", "seconds"})
+
+
+def _time_like(column: str) -> bool:
+    return any(w in _TIME_WORDS for w in re.split(r"[^a-z0-9]+", column.lower()))
+
+
+def _unknown_columns(df: pd.DataFrame, name: str) -> list[str]:
+    """The columns of ``df`` outside the format (ids excluded); a time-like one is an error."""
+    unknown = [str(c) for c in df.columns if c not in _OTHER_COLUMNS and c not in ID_COLUMNS]
+    timed = [c for c in unknown if _time_like(c)]
+    if timed:
+        raise TraceError(
+            f"{name}: column(s) {timed} are not part of the trace format, and the replay would "
+            f"ignore them: a session's start is 'timestamp' on its turn 0 (ISO 8601 or seconds "
+            f"since the epoch) and a later turn's wait is 'think_s' (seconds) or its "
+            f"'timestamp'; rename the column, or drop it to draw the times from the arrival model")
+    return unknown
+
+
 def read_turns(source: Any, *, time_origin: Any = None) -> pd.DataFrame:
     """Read and check a trace of one's own (the format in the module doc).
 
@@ -304,6 +336,10 @@ def read_turns(source: Any, *, time_origin: Any = None) -> pd.DataFrame:
     if len(id_cols) != 1 or "turn" not in df.columns:
         raise TraceError(f"{name}: needs one of {list(ID_COLUMNS)} and 'turn'; columns are "
                          f"{list(df.columns)}")
+    ignored = _unknown_columns(df, name)
+    if ignored:
+        warnings.warn(f"{name}: columns {ignored} are not part of the trace format; ignored",
+                      UserWarning, stacklevel=2)
     conv = _ids(df, id_cols[0], rows)
     rows.conv = conv
     turn = _numbers(df, "turn", rows, "the turn's index in its conversation", whole=True)
@@ -333,6 +369,7 @@ def read_turns(source: Any, *, time_origin: Any = None) -> pd.DataFrame:
     inv = np.argsort(order)
 
     report: dict[str, Any] = {"source": name, "sha256": sha, "rows": len(df),
+                              "ignored_columns": ignored,
                               "conversations": len(order_ids), "tokenized": []}
     counts: dict[str, dict[str, np.ndarray]] = {}
     texts: dict[str, list[str]] = {}
@@ -427,11 +464,11 @@ def read_turns(source: Any, *, time_origin: Any = None) -> pd.DataFrame:
         bad = later & (given < 0)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            rows.fail(i, f"think_s must be ≥ 0 s, got {given[i]!r}")
+            rows.fail(i, f"think_s must be ≥ 0 s, got {float(given[i])!r}")
         bad = later & (given > MAX_THINK_S)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            rows.fail(i, f"think_s {given[i]!r} is over 30 days: milliseconds? give seconds")
+            rows.fail(i, f"think_s {float(given[i])!r} is over 30 days: milliseconds? give seconds")
         if stamps is not None and (later & ~np.isnan(stamps)).any():
             rows.fail(int(np.flatnonzero(later & ~np.isnan(stamps))[0]), "has both a timestamp "
                       "and think_s; give later turns one or the other")

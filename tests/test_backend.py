@@ -1,4 +1,4 @@
-"""Backend: slots, KV pools, TTL expiry and eviction (spec §6, §6a.3–4).
+"""Backend: slots, KV pools, TTL expiry and eviction (docs/model.md §6, §6a.3–4).
 
 Random operation sequences are checked step by step against a brute-force reference written
 here with different code (full scans and sorting instead of heaps), plus invariants; hand-built
@@ -15,8 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from carbonrouter_lib.backend import Backend, BackendConfig, capacity_from_trace
+from carbonrouter_lib.backend import Backend, BackendConfig
 from carbonrouter_lib.deployments import Deployments
+from carbonrouter_lib.setting import capacity_from_trace
 
 DEP = Deployments.build(("AT", "GB"))  # 30 deployments, 6 pools
 # Deployments of pool 0 (A10/AT) and pool 1 (A100/AT): models 0..4 on each.
@@ -250,7 +251,7 @@ def test_copy_is_independent():
 
 
 class RefBackend:
-    """Brute-force model of spec §6a.3–4: full scans and sorting, no heaps or versions.
+    """Brute-force model of docs/model.md §6a.3–4: full scans and sorting, no heaps or versions.
 
     ``caps``: None for the shared (region, GPU) KV pools of ``cap`` tokens each; else the KV
     memory of every deployment (KV pool = the deployment)."""

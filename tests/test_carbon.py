@@ -1,8 +1,7 @@
-"""Tests of carbonrouter_lib.carbon: loaders, validation, year shift, lookup, statistics."""
+"""Tests of carbonrouter_lib.carbon: loaders, validation, year shift, lookup."""
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 
 import numpy as np
@@ -18,18 +17,9 @@ from carbonrouter_lib.carbon import (
     CarbonConfig,
     CarbonDataError,
     CarbonSignal,
-    annual_means_span,
-    cleanest_intervals,
-    cleanest_shares,
-    cross_region_ratio,
     hold_on_grid,
-    load_annual_means,
     load_electricitymaps_csv,
     load_entsoe_csv,
-    median_cross_region_ratio,
-    range_ratio,
-    section2_comparison,
-    section2_stats,
     shift_by_weeks,
     year_grid,
 )
@@ -162,35 +152,6 @@ def test_missing_column(tmp_path):
     path.write_text("datetime_utc,generation_mw\n2022-01-01T00:00:00Z,1\n")
     with pytest.raises(CarbonDataError, match=r"entsoe_nocol\.csv: missing column"):
         load_entsoe_csv(path)
-
-
-def test_load_annual_means(tmp_path):
-    data = {
-        "IND": {"country_code": "IND", "country_or_region": "India", "year": 2024,
-                "emissions_intensity_gco2_per_kwh": 700.0},
-        "World": {"country_code": "", "country_or_region": "World", "year": 2024,
-                  "emissions_intensity_gco2_per_kwh": 470.0},
-        "CHE": {"country_code": "CHE", "country_or_region": "Switzerland", "year": 2023,
-                "emissions_intensity_gco2_per_kwh": 35.0},
-        "FRA": {"country_code": "FRA", "country_or_region": "France", "year": 2024,
-                "emissions_intensity_gco2_per_kwh": 50.0},
-    }
-    path = tmp_path / "annual.json"
-    path.write_text(json.dumps(data))
-    df = load_annual_means(path)
-    assert list(df.columns) == ["iso3", "country", "year", "gco2_per_kwh"]
-    assert list(df["iso3"]) == ["CHE", "FRA", "IND"]  # aggregate dropped, sorted
-    span = annual_means_span(df, ["IND", "CHE"])
-    assert (span.max_country, span.min_country) == ("India", "Switzerland")
-    assert span.ratio == pytest.approx(20.0)
-    assert span.years == {2023: 1, 2024: 1}
-    assert annual_means_span(df).n_countries == 3
-    with pytest.raises(KeyError, match="XXX"):
-        annual_means_span(df, ["IND", "XXX"])
-    data["FRA"]["emissions_intensity_gco2_per_kwh"] = -1
-    path.write_text(json.dumps(data))
-    with pytest.raises(CarbonDataError, match="FRA"):
-        load_annual_means(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,10 +309,6 @@ def test_cleanest_region(small_signal):
     times = np.array([S0, S0 + 3600.0, S0 + 7200.0])
     assert list(sig.cleanest_region(times)) == ["A", "B", "A"]
     assert sig.cleanest_region(S0 + 3600.0) == "B"
-    iv = cleanest_intervals(sig.frame)
-    assert list(iv["region"]) == ["A", "B", "A"]
-    assert iv["end"].iloc[-1] == T0 + pd.Timedelta("3h")
-    assert iv["start"].iloc[1] == T0 + pd.Timedelta("1h")
 
 
 @settings(max_examples=30, deadline=None)
@@ -376,63 +333,6 @@ def test_signal_rejects_bad_frames():
         CarbonSignal(pd.DataFrame({"A": [1.0, np.nan, 3]}, index=idx))
     with pytest.raises(CarbonDataError, match="increasing"):
         CarbonSignal(pd.DataFrame({"A": [1.0, 2, 3]}, index=idx[::-1]))
-
-
-# ---------------------------------------------------------------------------------------------
-# statistics on a hand-made frame
-# ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def three_regions():
-    # Rows (A, B, C): cleanest A; tie B=C; A; C.
-    return pd.DataFrame(
-        {"A": [100.0, 300.0, 50.0, 200.0],
-         "B": [200.0, 150.0, 100.0, 100.0],
-         "C": [400.0, 150.0, 200.0, 80.0]},
-        index=pd.date_range(T0, periods=4, freq="5min"),
-    )
-
-
-def test_statistics_by_hand(three_regions):
-    f = three_regions
-    rr = range_ratio(f)
-    assert rr.to_dict() == pytest.approx({"A": 300 / 50, "B": 200 / 100, "C": 400 / 80})
-    # Quantiles by hand (linear interpolation over 4 sorted values, position p * 3):
-    # A sorted 50, 100, 200, 300; q=0.25 -> position 0.75 -> 87.5; 0.75 -> 2.25 -> 225.
-    assert range_ratio(f, q=0.25)["A"] == pytest.approx(225 / 87.5)
-    assert range_ratio(f, q=0.25).name == "p75_over_p25"
-    with pytest.raises(ValueError):
-        range_ratio(f, q=0.5)
-    np.testing.assert_allclose(cross_region_ratio(f).to_numpy(), [4.0, 2.0, 4.0, 2.5])
-    assert median_cross_region_ratio(f) == pytest.approx((2.5 + 4.0) / 2)
-    split = cleanest_shares(f)
-    assert split.to_dict() == pytest.approx({"A": 2 / 4, "B": 0.5 / 4, "C": 1.5 / 4})
-    assert split.attrs["tied_instants"] == 1
-    assert split.sum() == pytest.approx(1.0)
-    first = cleanest_shares(f, ties="first")
-    assert first.to_dict() == pytest.approx({"A": 0.5, "B": 0.25, "C": 0.25})
-
-
-def test_section2_tables(three_regions):
-    st_a = section2_stats(three_regions)
-    value = st_a.set_index(["quantity", "region"])["value"]
-    assert value[("median_cross_region_ratio", "all")] == pytest.approx(3.25)
-    assert value[("cleanest_share", "C")] == pytest.approx(0.375)
-    st_b = section2_stats(three_regions.rename(columns={"A": "Z"}))
-    cmp = section2_comparison({"one": st_a, "two": st_b})
-    assert {"quantity", "region", "paper", "ours (one)", "ours (two)", "note"} <= set(cmp.columns)
-    row_a = cmp[(cmp["quantity"] == "cleanest_share") & (cmp["region"] == "A")].iloc[0]
-    assert row_a["ours (one)"] == pytest.approx(0.5) and np.isnan(row_a["ours (two)"])
-    hi = cmp[(cmp["quantity"] == "max_over_min") & (cmp["region"] == "highest over regions")]
-    assert hi["ours (one)"].iloc[0] == pytest.approx(6.0)
-
-
-def test_statistics_reject_nonpositive(three_regions):
-    f = three_regions.copy()
-    f.iloc[0, 0] = 0.0
-    with pytest.raises(ValueError, match="<= 0"):
-        range_ratio(f)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -480,20 +380,11 @@ def test_real_2022_grid(tmp_path, monkeypatch):
     assert sig.provenance["AT"]["shift_weeks"] == 104
     assert sig.provenance["AT"]["filled_steps_end"] == 49 * 4
     # Second build comes from the parquet cache and is identical.
-    cached = list((tmp_path / "derived").glob("carbon_signal_*.parquet"))
+    cached = list((tmp_path / "derived").glob("carbon_signal-*.parquet"))
     assert len(cached) == 1
     again = CarbonSignal.from_config(CarbonConfig())
     pd.testing.assert_frame_equal(again.frame, f)
     assert again.provenance == sig.provenance
-
-
-def test_real_em_only_matches_data_readme():
-    # Data README, measured on 2022 hourly LCA: CH 48%, BE 31%, GB 13%, CAISO 8%, median 2.44.
-    sig = _real_signal(CarbonConfig.from_region_set("em-only"), cache=False)
-    shares = cleanest_shares(sig.frame)
-    expect = {"CH": 0.48, "BE": 0.31, "GB": 0.13, "US-CAL-CISO": 0.08}
-    assert shares.to_dict() == pytest.approx(expect, abs=0.01)
-    assert median_cross_region_ratio(sig.frame) == pytest.approx(2.44, abs=0.01)
 
 
 def test_row_index_fast_path_equals_searchsorted():

@@ -47,7 +47,8 @@ def test_hand_example_scalars():
 
 
 def test_paper_scale_prefill_of_16k_history_mistral_a100():
-    # Spec §10: a miss adds "up to 2.5 s of prefill" on Mistral-7B/A100. v_pre by hand:
+    # Figure 2(b) (paper.SECTION2_MISS_SETTING): a miss adds "up to 2.5 s of prefill" on
+    # Mistral-7B/A100. v_pre by hand:
     v_pre = 0.5 * (7 / 70) ** 0.2 * 312e12 / (2 * 7e9)  # ≈ 7,031 tokens/s
     df = deployment_costs(analytical_profiles(), n_new=128, n_hist=16_384, n_out=256)
     r = df[(df["model"] == "Mistral-7B-v0.2") & (df["gpu"] == "A100")].iloc[0]
@@ -170,7 +171,7 @@ def test_energy_and_ttft_monotone_in_cached(e_in, g, n_hist, l1, l2):
 def test_scaling_energy_coefficients_keeps_argmin(
     e_in, g, ci, n_new, n_hist, n_out, cached_frac, k
 ):
-    # Spec §3: scaling every coefficient by one factor changes no decision. A power of two
+    # docs/model.md §3: scaling every coefficient by one factor changes no decision. A power of two
     # scales exactly in binary floating point, so even ties are preserved.
     cached = np.floor(cached_frac * n_hist)
     e_cache, e_out = g * e_in, 6.0 * e_in

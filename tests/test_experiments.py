@@ -93,7 +93,8 @@ def byo():
 
 
 def test_made_up_regions_and_trace_through_run_policies_and_table1(byo):
-    from carbonrouter_lib.simulator import SimulationConfig, simulate
+    from carbonrouter_lib.setting import SimulationConfig
+    from carbonrouter_lib.simulator import simulate
 
     signal, table = byo
     recs = experiments.run_policies(table, signal=signal)
@@ -115,7 +116,8 @@ def test_made_up_regions_and_trace_through_run_policies_and_table1(byo):
 
 
 def test_run_policies_with_measured_profiles_and_a_policy_by_import_name(byo, monkeypatch):
-    from carbonrouter_lib.simulator import SimulationConfig, simulate
+    from carbonrouter_lib.setting import SimulationConfig
+    from carbonrouter_lib.simulator import simulate
 
     monkeypatch.syspath_prepend(str(BYO))
     signal, table = byo

@@ -15,8 +15,8 @@ import pytest
 
 from carbonrouter_lib import experiments, explore, notebooks, scale, sweep
 from carbonrouter_lib import paper as paper_numbers
+from carbonrouter_lib.arrivals import ArrivalConfig
 from carbonrouter_lib.carbon import REGION_SETS
-from carbonrouter_lib.workload import ArrivalConfig
 
 matplotlib.use("Agg")
 

@@ -1,4 +1,4 @@
-"""The learned gate (spec §7.5): opportunities, two-branch labels, training, δ, storage.
+"""The learned gate (docs/model.md §7.5): opportunities, two-branch labels, training, δ, storage.
 
 Hand-made workloads and signals come from test_simulator (two regions A, B; 5-minute grid).
 """
@@ -20,11 +20,12 @@ from carbonrouter_lib.gate import (
     LearnedGate,
     TwoBranchLabeler,
     collect_opportunities,
-    session_folds,
     train_gate,
 )
 from carbonrouter_lib.policies import CarbonRouter
-from carbonrouter_lib.simulator import SimulationConfig, backend_config, simulate
+from carbonrouter_lib.prepared import conversation_folds
+from carbonrouter_lib.setting import SimulationConfig, backend_config
+from carbonrouter_lib.simulator import simulate
 
 H100_A = DEPS.index("Llama-3.1-70B", "H100", "A")
 H100_B = DEPS.index("Llama-3.1-70B", "H100", "B")
@@ -133,7 +134,7 @@ def test_training_is_session_held_out_and_learns_the_label():
     frame = _synthetic_opportunities()
     training = GateTrainingConfig(folds=5, seed=3, n_estimators=60)
     gate = train_gate(frame, training)
-    fold = session_folds(frame["session"].to_numpy(), 5, 3)
+    fold = conversation_folds(frame["session"].to_numpy(), 5, 3)
     rep = gate.report.set_index("fold")
     for f in range(5):
         v = (f + 1) % 5
@@ -221,12 +222,18 @@ def test_learned_gate_blocks_only_at_opportunities():
     assert (rec.loc[rec["gate_blocked"], "switched"] == False).all()  # noqa: E712
 
 
-def test_simulate_trains_the_learned_gate_and_is_deterministic():
+def test_build_policy_trains_the_learned_gate_and_is_deterministic():
     table, values = _workload()
-    a = run(table, "carbonrouter", values).records
+    a = run(table, "carbonrouter", values).records  # build_policy, then simulate
     b = run(table, "carbonrouter", values).records
     pd.testing.assert_frame_equal(a, b)
     assert (a["policy"] == "carbonrouter").all()
+
+
+def test_simulate_refuses_a_policy_whose_gate_is_not_built():
+    table, values = _workload()
+    with pytest.raises(ValueError, match="not ready to route.*build_policy"):
+        simulate(table, "carbonrouter", CONFIG, make_signal(values), AMPLE)
 
 
 def test_ensure_gate_caches_by_setting(tmp_path, monkeypatch):
@@ -315,7 +322,7 @@ def test_folds_are_by_conversation_so_no_model_sees_a_copy_of_what_it_routes():
     frame.insert(1, "conversation", frame["session"] % 80)
     training = GateTrainingConfig(folds=5, seed=3, n_estimators=20)
     gate = train_gate(frame, training)
-    fold = session_folds(frame["conversation"].to_numpy(), 5, 3)
+    fold = conversation_folds(frame["conversation"].to_numpy(), 5, 3)
     per_conv = pd.Series(fold).groupby(frame["conversation"].to_numpy()).nunique()
     assert (per_conv == 1).all()  # all copies of a conversation in one fold
     for c in (0, 17, 79):

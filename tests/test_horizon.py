@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 from test_simulator import AMPLE, CONFIG, T0, make_table
 
-from carbonrouter_lib import prepared, simulator
+from carbonrouter_lib import prepared, setting, simulator
 from carbonrouter_lib.carbon import CarbonSignal
-from carbonrouter_lib.gate import session_folds
 from carbonrouter_lib.policies import HorizonModel, HorizonRouter, fit_horizon_model, make_policy
+from carbonrouter_lib.prepared import conversation_folds
 from carbonrouter_lib.profiles import MODELS
 
 DAY = 288  # 5-minute rows per day
@@ -50,7 +50,7 @@ def replay(table, policy, signal, config=CONFIG):
 def test_a_zero_horizon_is_carbonrouters_proposal():
     cfg = prepared.WorkloadConfig(dataset="mooncake", max_conversations=150, seed=2)
     table = prepared.prepare_workload(prepared.with_copies(cfg, 6), use_cache=False)
-    sim = simulator.SimulationConfig(regions=("GB", "BE"))
+    sim = setting.SimulationConfig(regions=("GB", "BE"))
     a = simulator.simulate(table, "carbonrouter-no-gate", sim).records
     b = simulator.simulate(table, HorizonRouter(horizon=0), sim).records
     pd.testing.assert_frame_equal(a[DECISION_COLUMNS], b[DECISION_COLUMNS])
@@ -109,7 +109,7 @@ def test_leaves_a_cache_when_the_grid_stays_dirty_for_hours():
 def test_decisions_do_not_depend_on_future_intensities(forecast):
     cfg = prepared.WorkloadConfig(dataset="sharegpt", max_conversations=120, seed=1)
     table = prepared.prepare_workload(prepared.with_copies(cfg, 4), use_cache=False)
-    sim = simulator.SimulationConfig(regions=("GB", "BE"))
+    sim = setting.SimulationConfig(regions=("GB", "BE"))
     signal = sim.signal()
     cut = T0 + 3 * 86_400  # change every intensity from the fourth day on
     frame = signal.frame.copy()
@@ -134,7 +134,7 @@ def test_the_survival_model_learns_only_from_other_conversations():
     table = prepared.prepare_workload(prepared.with_copies(cfg, 3), use_cache=False)
     model = fit_horizon_model(table, horizon=8, folds=4, seed=7)
     conv = prepared.conversation_codes(table)
-    fold = session_folds(conv, 4, 7)
+    fold = conversation_folds(conv, 4, 7)
     # fold 0's survival: the session lengths of the other folds' conversations, each once
     first = (table["turn"] == 0).to_numpy()
     once = pd.Series(table["session"].to_numpy()).groupby(conv).transform("min").to_numpy() \

@@ -1,4 +1,5 @@
-"""Tests of carbonrouter_lib.metrics: spec §9 metrics by hand, normalization, paired bootstrap."""
+"""Tests of carbonrouter_lib.metrics: docs/model.md §9 metrics by hand, normalization, paired
+bootstrap."""
 
 from __future__ import annotations
 

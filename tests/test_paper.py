@@ -25,9 +25,10 @@ from carbonrouter_lib import (
     paper,
     profiles,
     quality,
+    setting,
 )
 from carbonrouter_lib.policies import POLICIES, ConstraintConfig
-from carbonrouter_lib.simulator import SimulationConfig
+from carbonrouter_lib.setting import SimulationConfig
 
 #: Half a unit in the last digit the paper prints: ratios to 3 decimals, percentages to 1.
 RATIO_HALF_ULP = 0.0005
@@ -241,7 +242,7 @@ def test_code_defaults_are_the_papers():
     assert sim.regions == paper.REGIONS
     assert ConstraintConfig() == ConstraintConfig(beta_q=d["beta_q"], d_ttft_s=d["d_ttft_s"])
     assert backend.BackendConfig(1, 1.0).ttl_s == d["ttl_s"]
-    params = inspect.signature(backend.capacity_from_trace).parameters
+    params = inspect.signature(setting.capacity_from_trace).parameters
     assert (params["c"].default, params["ttl_s"].default) == (d["c"], d["ttl_s"])
     assert inspect.signature(quality.feasible_models).parameters["beta"].default == d["beta_q"]
     for fn in (cost.break_even_ratio, cost.break_even_history, cost.cache_miss_penalty):

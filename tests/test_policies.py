@@ -1,4 +1,5 @@
-"""Feasibility (Eq. 4–7, §6a.1–2) and the five routing policies (§7, §6a.5–7) on hand-built
+"""Feasibility (Eq. 4–7, docs/model.md §6a.1–2) and the five routing policies (docs/model.md §7,
+§6a.5–7) on hand-built
 queries whose answers are derived by hand or by a brute-force re-implementation."""
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ D2 = Deployments.build(("A", "B"))
 D4 = Deployments.build(("AT", "GB", "BE", "US-CAL-CISO"))
 ONLY_70B = [0.1, 0.1, 0.1, 0.1, 0.9]  # only Llama-3.1-70B passes β_Q = 0.85
 ALL_EQUAL = [0.5] * 5
-GAMMA, KAPPA = 0.05, 6.0  # spec §3: e_cache = γ·e_in, e_out = κ·e_in
+GAMMA, KAPPA = 0.05, 6.0  # docs/model.md §3: e_cache = γ·e_in, e_out = κ·e_in
 
 
 def ctx_for(d: Deployments = D2, **kw) -> QueryContext:
@@ -142,7 +143,7 @@ def test_quality_bound_is_inclusive_and_matches_quality_module():
 
 def test_context_window_is_inclusive_per_model():
     no_ttft = ConstraintConfig(d_ttft_s=math.inf)
-    # N_new + N_hist + N_out = 32,768 exactly: every model fits (32K = 32,768, §6a.1).
+    # N_new + N_hist + N_out = 32,768 exactly: every model fits (32K = 32,768, docs/model.md §6a.1).
     cand = feasibility(ctx_for(n_new=20000, n_hist=12000, n_out_est=768), no_ttft)
     assert cand.ok.all()
     # One token more: the 32K models (Gemma-3-1B, Mistral-7B) drop out, the 128K ones stay.
@@ -211,7 +212,7 @@ def test_reject_when_nothing_meets_the_other_constraints():
 
 
 def _brute_force(d, n_new, n_hist, n_out, cached, q, avail, beta, dttft):
-    """Eq. 7 with §5's best-effort and reject rules, one deployment at a time."""
+    """Eq. 7 with docs/model.md §5's best-effort and reject rules, one deployment at a time."""
     qmax = max(q)
     ok, ttft = [], []
     for a in range(d.n):

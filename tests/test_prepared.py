@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from carbonrouter_lib import datasets, prepared, sharegpt
+from carbonrouter_lib.arrivals import ArrivalConfig
 from carbonrouter_lib.profiles import MODELS
-from carbonrouter_lib.workload import ArrivalConfig
 
 SMALL = prepared.WorkloadConfig(dataset="sharegpt", max_conversations=60, seed=1)
 
@@ -122,6 +122,17 @@ def test_mooncake_table_borrows_quality_and_can_replay_trace_think_times():
     # Without text every model sees the trace's one token count.
     tok = prepared.model_matrix(t, "new_tokens")
     assert (tok == tok[:, :1]).all()
+
+
+def test_borrowed_quality_is_cached_per_seed(tmp_path, monkeypatch):
+    # The donors are drawn by the workload's seed: a table cached under one seed must not be
+    # served for another (it was, whichever seed ran first).
+    monkeypatch.setenv("CARBONROUTER_CACHE_DIR", str(tmp_path))
+    runs = [prepared.dataset_columns(
+        prepared.WorkloadConfig(dataset="mooncake", max_conversations=40, seed=seed))
+        for seed in (0, 1, 0)]
+    assert not np.array_equal(runs[0]["quality_donor"], runs[1]["quality_donor"])
+    pd.testing.assert_frame_equal(runs[0], runs[2])
 
 
 def test_missing_mirror_file_is_a_clear_error(tmp_path, monkeypatch):
@@ -241,12 +252,12 @@ def test_bad_rates_are_rejected(rate):
 
 
 def test_one_copy_replays_to_the_same_records_for_every_policy():
-    from carbonrouter_lib import experiments, simulator
+    from carbonrouter_lib import experiments, setting
 
     cfg = prepared.WorkloadConfig(dataset="mooncake", max_conversations=120, seed=3)
     plain = prepared.prepare_workload(cfg, use_cache=False)
     one = prepared.prepare_workload(prepared.with_copies(cfg, 1), use_cache=False)
-    sim = simulator.SimulationConfig(regions=("GB", "BE"))
+    sim = setting.SimulationConfig(regions=("GB", "BE"))
     a = experiments.run_policies(plain, sim, [*experiments.MAIN_POLICIES[:-1],
                                               "carbonrouter-no-gate"])
     b = experiments.run_policies(one, sim, list(a))
@@ -260,6 +271,12 @@ def test_one_copy_replays_to_the_same_records_for_every_policy():
 def test_bad_seeds_are_rejected(seed):
     with pytest.raises(ValueError, match="WorkloadConfig.seed must be an integer ≥ 0"):
         prepared.WorkloadConfig(seed=seed)
+
+
+@pytest.mark.parametrize("seed", [-1, "abc", 1.5])
+def test_from_turns_names_a_bad_seed_before_reading(seed):
+    with pytest.raises(ValueError, match="from_turns: seed must be an integer ≥ 0"):
+        prepared.from_turns("no-such-file.jsonl", seed=seed)
 
 # ---------------------------------------------------------------------------------------------
 # A trace of one's own: from_turns

@@ -1,4 +1,5 @@
-"""Tests of carbonrouter_lib.profiles: golden values recomputed by hand from spec §3."""
+"""Tests of carbonrouter_lib.profiles: golden values recomputed by hand from Appendix A
+(docs/model.md §3)."""
 
 from __future__ import annotations
 

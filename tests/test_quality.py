@@ -1,4 +1,4 @@
-"""Tests of carbonrouter_lib.quality: the quality constraint, calibration, offline and R2-Router."""
+"""Tests of carbonrouter_lib.quality: the quality constraint, calibration, the offline predictor."""
 
 from __future__ import annotations
 
@@ -21,13 +21,11 @@ from carbonrouter_lib.quality import (
     PROXY_MAP,
     OfflineQualityPredictor,
     QualityConfig,
-    R2RouterPredictor,
     calibrate_offsets,
     calibration_evidence,
     derive_calibration_targets,
     feasible_models,
     fit_offline_predictor,
-    heldout_accuracy,
     load_dcrouter,
     load_offline_predictor,
     quality_summary,
@@ -279,28 +277,6 @@ def test_recalibrated_hits_targets_on_new_queries(predictor):
     np.testing.assert_allclose(means, expected, atol=1e-9)
 
 
-def test_heldout_accuracy_is_sane():
-    """Real data, seed 0: what is true of the table (see the module doc for the splits)."""
-    h = heldout_accuracy().set_index(["source", "judged_model"])
-    dc = h.loc["dcrouter"]
-    ae = h.loc["alpaca_eval"]
-    assert (dc["n_eval"] == 381).all() and (dc["n_left_out"] == 119).all()
-    assert (ae["n_eval"] >= 803).all()
-    # DCRouter (graded benchmark scores): every head ranks questions well above both baselines.
-    assert (dc["spearman"] > 0.25).all()
-    assert (dc["spearman"] > dc["spearman_length"]).all()
-    assert (dc["auc"] > 0.6).all()
-    assert (dc["rmse"] < dc["rmse_mean_only"]).all()
-    # AlpacaEval (GPT-4-turbo preference): weak but positive signal for every head used, i.e.
-    # better than the mean-only baseline (Spearman 0, AUC 0.5) ...
-    used = [j for m in MODELS for j in PROXY_MAP[m]["alpaca_eval"]]
-    assert (ae.loc[used, "spearman"] > 0).all()
-    assert (ae.loc[used, "auc"] > 0.5).all()
-    # ... and better than length alone except for gemma-2b-it and humpback-llama2-70b.
-    beats_length = ae.loc[used, "spearman"] > ae.loc[used, "spearman_length"]
-    assert set(beats_length[~beats_length].index) == {"gemma-2b-it", "humpback-llama2-70b"}
-
-
 # --------------------------------------------------------------------------------------------
 # Scoring turns (ShareGPT)
 
@@ -339,7 +315,8 @@ def test_score_turns_uses_context_and_batches(predictor):
 
 
 def test_sharegpt_ordering_sanity(predictor):
-    """Spec §8: mean predicted quality orders Llama-3.1-70B highest and Gemma-3-1B lowest."""
+    """docs/model.md §8 (sanity requirement): mean predicted quality orders Llama-3.1-70B highest
+    and Gemma-3-1B lowest."""
     from carbonrouter_lib.sharegpt import load_sharegpt_turns
 
     with warnings.catch_warnings():
@@ -352,60 +329,3 @@ def test_sharegpt_ordering_sanity(predictor):
     assert s.loc["Llama-3.1-70B", "share_best"] > 0.9
     assert (s["share_feasible_0.85"] <= s["share_feasible_0.8"]).all()
     assert feasible_models(q, 0.85).any(axis=1).all()
-
-
-# --------------------------------------------------------------------------------------------
-# R2-Router adapter
-
-
-R2_DIRS = {
-    "Gemma-3-1B": "gemma-3-1b-it_ridge_alpha10.0",
-    "Llama-3.2-3B": "Llama-3.2-3B-Instruct_ridge_alpha10.0",
-    "Gemma-3-4B": "gemma-3-4b-it_ridge_alpha10.0",
-    "Mistral-7B-v0.2": "Mistral-7B-Instruct-v0.2_ridge_alpha10.0",
-    "Llama-3.1-70B": "Llama-3.1-70B-Instruct_ridge_alpha10.0",
-}
-
-
-@pytest.fixture(scope="module")
-def r2_embedding():
-    emb = np.random.default_rng(3).normal(0, 1, size=(6, 1024))
-    seen: list[list[str]] = []
-
-    def embed(texts):
-        seen.append(list(texts))
-        return emb[: len(texts)]
-
-    return emb, embed, seen
-
-
-def test_r2router_matches_sklearn(r2_embedding):
-    emb, embed, seen = r2_embedding
-    r2 = R2RouterPredictor(embed)
-    q = r2.predict([f"q{i}" for i in range(6)])
-    tokens = r2.predict_output_tokens([f"q{i}" for i in range(6)])
-    for m, model in enumerate(MODELS):
-        head = joblib.load(fetch(f"quality/r2router/{R2_DIRS[model]}/"
-                                 f"unlimited_score_predictor.joblib"))
-        np.testing.assert_array_equal(q[:, m], np.clip(head.predict(emb), 0, 1))
-        # Independently: a Ridge head is an affine map.
-        np.testing.assert_allclose(q[:, m], np.clip(emb @ head.coef_ + head.intercept_, 0, 1),
-                                   atol=1e-5)
-        tok = joblib.load(fetch(f"quality/r2router/{R2_DIRS[model]}/"
-                                f"unlimited_token_predictor.joblib"))
-        np.testing.assert_array_equal(tokens[:, m], np.maximum(tok.predict(emb), 0))
-    assert ((q >= 0) & (q <= 1)).all() and q.shape == (6, 5)
-    # Context is prepended to the query for the embedding.
-    r2.predict(["q"], ["ctx"])
-    assert seen[-1] == ["ctx\n\nq"]
-
-
-def test_r2router_errors(r2_embedding):
-    with pytest.raises(RuntimeError, match=r"Qwen/Qwen3-0\.6B.*embed_fn="):
-        R2RouterPredictor(None).predict(["hello"])
-    with pytest.raises(ValueError, match=r"shape \(1, 512\).*\(1, 1024\)"):
-        R2RouterPredictor(lambda t: np.zeros((len(t), 512))).predict(["hello"])
-    with pytest.raises(ValueError, match="shape"):
-        R2RouterPredictor(lambda t: np.zeros((len(t) + 1, 1024))).predict(["hello"])
-    with pytest.raises(ValueError, match="non-finite"):
-        R2RouterPredictor(lambda t: np.full((len(t), 1024), np.nan)).predict(["hello"])

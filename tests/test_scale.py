@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from carbonrouter_lib import prepared, scale
-from carbonrouter_lib.simulator import SimulationConfig
+from carbonrouter_lib.setting import SimulationConfig
 
 POLICIES = ["session-affinity", "carbon-affinity", "gar", "faircarbon", "carbonrouter-no-gate"]
 

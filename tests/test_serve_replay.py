@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 
 from carbonrouter_lib import gate as gates
-from carbonrouter_lib import prepared, simulator
+from carbonrouter_lib import prepared, setting, simulator
 from carbonrouter_lib.policies import make_policy
 from carbonrouter_lib.serve import replay
 from carbonrouter_lib.serve.clock import ManualClock
@@ -21,7 +21,7 @@ from carbonrouter_lib.serve.core import RouterCore
 from carbonrouter_lib.serve.emulator import BLOCK_TOKENS, EmulatorCluster, ServerThread, free_ports
 from carbonrouter_lib.serve.proxy import create_app
 
-SIM = simulator.SimulationConfig(regions=("GB", "BE"))
+SIM = setting.SimulationConfig(regions=("GB", "BE"))
 
 
 @pytest.fixture(scope="module")

@@ -350,7 +350,8 @@ def test_load_builds_then_reads_the_cache(tmp_path, cache_dir, monkeypatch):
     assert rep.conversations_in_table == 2 and rep.turns_in_table == 3
 
     files = sorted(p.name for p in (cache_dir / "derived").iterdir())
-    assert len(files) == 1 and files[0].endswith(".parquet")  # no temporary file left
+    # one entry (payload and manifest), no temporary file left
+    assert len(files) == 2 and files[0].endswith(".manifest.json") and files[1].endswith(".parquet")
 
     df2, rep2 = load_sharegpt_turns(path, progress=False)
     assert rep2.from_cache
@@ -363,7 +364,7 @@ def test_load_builds_then_reads_the_cache(tmp_path, cache_dir, monkeypatch):
 
     one, rep1 = load_sharegpt_turns(path, max_conversations=1, progress=False)
     assert not rep1.from_cache and one["conversation_id"].unique().tolist() == ["q"]
-    assert len(list((cache_dir / "derived").iterdir())) == 2
+    assert len(list((cache_dir / "derived").iterdir())) == 4
 
 
 def test_load_errors(tmp_path, cache_dir):

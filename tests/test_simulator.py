@@ -1,4 +1,4 @@
-"""Trace-driven simulator (spec §4–§7, §6a, §9) on hand-made workloads and carbon signals.
+"""Trace-driven simulator (docs/model.md §4–§7, §6a, §9) on hand-made workloads and carbon signals.
 
 Every table here is built by :func:`make_table` in the prepared schema (``prepared.column``) and
 every carbon signal by :func:`make_signal` (two regions "A" and "B" on a 5-minute grid starting
@@ -10,7 +10,8 @@ Monday 2022-01-03 00:00 UTC). Expected values are derived in the test with separ
   of every pool derived from the records alone;
 - :func:`oracle_check` (ample capacity: no slot, KV or TTL limit binds) replays the cache state
   from the records (the cache of a deployment = the post-turn context of the last turn served
-  there) and rebuilds the candidate set of Eq. 7 / §6a.1–2 and each policy's rule by brute force.
+  there) and rebuilds the candidate set of Eq. 7 / docs/model.md §6a.1–2 and each policy's rule
+  by brute force.
 """
 
 from __future__ import annotations
@@ -26,17 +27,14 @@ from hypothesis import strategies as st
 
 from carbonrouter_lib import metrics, prepared
 from carbonrouter_lib.backend import BackendConfig
+from carbonrouter_lib.build import build_policy
 from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.deployments import Deployments
 from carbonrouter_lib.policies import CarbonRouter, Policy
+from carbonrouter_lib.prepared import mean_context_tokens, peak_active_sessions
 from carbonrouter_lib.profiles import MODELS, analytical_profiles, kv_tokens_per_instance
-from carbonrouter_lib.simulator import (
-    SimulationConfig,
-    backend_config,
-    mean_context_tokens,
-    peak_active_sessions,
-    simulate,
-)
+from carbonrouter_lib.setting import SimulationConfig, backend_config
+from carbonrouter_lib.simulator import simulate
 
 T0 = pd.Timestamp("2022-01-03 00:00", tz="UTC").timestamp()  # s since the Unix epoch
 STEP_S = 300.0  # 5-minute carbon grid
@@ -114,7 +112,10 @@ def make_signal(values: np.ndarray) -> CarbonSignal:
 
 
 def run(table, policy, values, backend=AMPLE, config=CONFIG):
-    return simulate(table, policy, config, make_signal(values), backend)
+    """Replay ``policy`` made ready for ``table`` (a learned gate trained on it, unsaved)."""
+    signal = make_signal(values)
+    ready = build_policy(policy, table, config, signal=signal, backend=backend)
+    return simulate(table, ready, config, signal, backend)
 
 
 def ci_at(values: np.ndarray, t: float) -> np.ndarray:
@@ -138,8 +139,9 @@ def slot_intervals(records: pd.DataFrame) -> list[tuple[int, int, float, float, 
     """(session, pool, start, end, ends_at_a_dispatch) of every slot holding, derived from
     records: a session takes pool p when a turn is dispatched on p and it does not hold p; it
     keeps it until a turn is dispatched on another pool (a move) or until it leaves (completion
-    of its last row, = that row's dispatch when it was rejected). A holding that ends at a
-    dispatch may still count for other dispatches at the same instant (row order decides)."""
+    of its last row, or that row's dispatch when it was rejected: it never completes). A holding
+    that ends at a dispatch may still count for other dispatches at the same instant (row order
+    decides)."""
     out = []
     for s, g in records.sort_values(["session", "turn"]).groupby("session"):
         held, start = None, None
@@ -154,8 +156,8 @@ def slot_intervals(records: pd.DataFrame) -> list[tuple[int, int, float, float, 
         if held is not None:
             last = g.iloc[-1]
             assert last["turn"] == last["n_turns"] - 1
-            out.append((int(s), held, start, float(last["completion_s"]),
-                        bool(last["rejected"])))
+            end = last["dispatch_s"] if last["rejected"] else last["completion_s"]
+            out.append((int(s), held, start, float(end), bool(last["rejected"])))
     return out
 
 
@@ -187,8 +189,9 @@ def check_invariants(table, res, values, backend=AMPLE, config=CONFIG) -> None:
     served = ~rec["rejected"].to_numpy()
     rej = rec[~served]
     assert (rej["deployment"] == -1).all() and (rej["model"] == "").all()
-    assert (rej["completion_s"] == rej["dispatch_s"]).all()
-    assert (rej[["energy_kwh", "carbon_g"]] == 0).all().all()
+    # A rejected query never completes and recomputes nothing.
+    assert rej["completion_s"].isna().all()
+    assert (rej[["energy_kwh", "carbon_g", "cached_tokens", "recomputed_tokens"]] == 0).all().all()
 
     arrival, think_s = table["arrival_s"].to_numpy(), table["think_s"].to_numpy()
     prev: dict[int, int] = {}
@@ -196,13 +199,13 @@ def check_invariants(table, res, values, backend=AMPLE, config=CONFIG) -> None:
     for r in rec.sort_values(["session", "turn"]).itertuples():
         t = rows[(r.session, r.turn)]
         # Timing: first turn at its arrival, later turns a think time after the previous one
-        # completes (a rejected turn "completes" at its dispatch).
+        # completes (the session moves on from a rejected turn at its dispatch).
         if r.turn == 0:
             assert r.dispatch_s == arrival[t["row"]]
         else:
             f_prev = d_of[(r.session, r.turn - 1)]
             assert r.dispatch_s == pytest.approx(f_prev + think_s[t["row"]], rel=0, abs=TIME_TOL)
-        d_of[(r.session, r.turn)] = r.completion_s
+        d_of[(r.session, r.turn)] = r.dispatch_s if r.rejected else r.completion_s
         if r.rejected:
             continue
         a = int(r.deployment)
@@ -228,7 +231,8 @@ def check_invariants(table, res, values, backend=AMPLE, config=CONFIG) -> None:
         assert r.completion_s == pytest.approx(r.dispatch_s + ttft + out / DEPS.v_dec[a],
                                                rel=0, abs=TIME_TOL)
         assert r.in_cleanest_region == (ci[DEPS.region[a]] <= ci.min())
-        # Shared constraints (§5, §6a.1–2): quality, context window, TTFT unless best-effort.
+        # Shared constraints (docs/model.md §5, §6a.1–2): quality, context window, TTFT unless
+        # best-effort.
         q = t["quality"]
         assert r.quality == q[m] and q[m] >= config.beta_q * q.max()
         assert new + hist + est <= DEPS.context_window[a]
@@ -898,6 +902,12 @@ def test_a_policy_must_return_a_deployment_index(value, match):
     chosen = run(_two_sessions(), "faircarbon", ci_grid(100, 200)).records["deployment"]
     same = run(_two_sessions(), _Returns(np.int64(chosen.iloc[0])), ci_grid(100, 200))
     assert same.records["deployment"].iloc[0] == chosen.iloc[0]
+
+
+@pytest.mark.parametrize("value", [999, -1])
+def test_a_policy_must_choose_a_feasible_candidate(value):
+    with pytest.raises(RuntimeError, match=rf"chose {value}, not a candidate \(row 0\)"):
+        run(_two_sessions(), _Returns(value), ci_grid(100, 200))
 
 
 def test_a_policy_without_choose_is_a_clear_error():

@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from carbonrouter_lib import metrics, prepared, sweep
+from carbonrouter_lib import cache, metrics, prepared, sweep
 from carbonrouter_lib.experiments import run_policies
 from carbonrouter_lib.prepared import WorkloadConfig, prepare_workload
-from carbonrouter_lib.simulator import SimulationConfig
+from carbonrouter_lib.setting import SimulationConfig
 from carbonrouter_lib.sweep import RunSpec, run_sweep
 
 WORKLOAD = WorkloadConfig(dataset="mooncake", max_conversations=40)
@@ -73,10 +73,12 @@ def test_any_parameter_change_changes_the_key(change):
     assert RunSpec(**base).key() != RunSpec(**{**base, **change}).key()
 
 
-def test_code_version_is_part_of_the_key(monkeypatch):
+def test_code_of_the_replay_is_part_of_the_key(monkeypatch):
     spec = grid()[0]
     before = spec.key()
-    monkeypatch.setattr(sweep, "CODE_VERSION", sweep.CODE_VERSION + "x")
+    assert "carbonrouter_lib.simulator" in cache.dependencies("carbonrouter_lib.sweep")
+    real = cache.code_hash
+    monkeypatch.setattr(cache, "code_hash", lambda *modules: real(*modules) + "edited")
     assert spec.key() != before
 
 
@@ -120,8 +122,8 @@ def test_dask_sweep_equals_serial_and_resume_skips_cached_runs(tmp_path, cluster
     cache = tmp_path / "dask"
     run_sweep(specs[:2], cache_dir=cache, serial=True, progress=False)
     mtimes = {p.name: p.stat().st_mtime_ns for p in cache.iterdir() if p.is_file()}
-    assert len(mtimes) == 4  # 2 × (parquet + sidecar); the learned gate is in cache/gates
-    assert len(list((cache / "gates").glob("gate-*.json"))) == 1  # one setting, one gate
+    assert len(mtimes) == 4  # 2 × (parquet + manifest); the learned gate is in cache/gates
+    assert len(list((cache / "gates").glob("gate-*.manifest.json"))) == 1  # one setting, one gate
 
     submitted: list[list[RunSpec]] = []
     res = run_sweep(specs, client=cluster, cache_dir=cache, progress=False,
@@ -145,11 +147,12 @@ def test_dask_sweep_equals_serial_and_resume_skips_cached_runs(tmp_path, cluster
 def test_partial_results_are_not_complete(tmp_path):
     specs = grid()[:2]
     run_sweep(specs, cache_dir=tmp_path, serial=True, progress=False)
-    key0, key1 = specs[0].key(), specs[1].key()
-    # Run 0: parquet without its sidecar (interrupted between the two writes).
-    (tmp_path / f"{key0}.json").unlink()
+    key0 = specs[0].key()
+    entry0, entry1 = sweep._entry(tmp_path, specs[0]), sweep._entry(tmp_path, specs[1])
+    # Run 0: parquet without its manifest (interrupted between the two writes).
+    entry0.manifest.unlink()
     # Run 1 intact, plus a stray temporary file of an interrupted write of it.
-    (tmp_path / f".{key1}.parquet.abc123.tmp").write_bytes(b"half a parquet")
+    (tmp_path / f".{entry1.payload.name}.abc123.tmp").write_bytes(b"half a parquet")
     assert not sweep.is_complete(specs[0], tmp_path)
     assert sweep.is_complete(specs[1], tmp_path)
 
@@ -159,9 +162,9 @@ def test_partial_results_are_not_complete(tmp_path):
     assert [s.key() for s in submitted[0]] == [key0]
     assert res.n_cached == 1 and res.n_computed == 1
     assert sweep.is_complete(specs[0], tmp_path)
-    sidecar = json.loads((tmp_path / f"{key0}.json").read_text())
-    assert sidecar["key"] == key0 and sidecar["n_records"] == len(res[key0])
-    assert RunSpec(**sidecar["spec"]).key() == key0
+    manifest = json.loads(entry0.manifest.read_text())
+    assert manifest["key"] == key0 and manifest["meta"]["n_records"] == len(res[key0])
+    assert RunSpec(**manifest["params"]).key() == key0
 
 
 def test_duplicate_specs_run_once(tmp_path):
@@ -274,6 +277,12 @@ def byo_setting(tmp_path, monkeypatch):
     carbon = signal.to_csv(tmp_path / "signal.csv")
     return SimulationConfig(regions=signal.regions, carbon_file=str(carbon),
                             profiles=str(BYO / "profiles_l4_h200.csv"))
+
+
+@pytest.mark.parametrize("seed", [-1, "abc", 1.5, True])
+def test_a_bad_run_seed_is_named(seed):
+    with pytest.raises(ValueError, match="RunSpec.seed must be an integer ≥ 0"):
+        RunSpec({"dataset": "sharegpt"}, SimulationConfig().to_dict(), "faircarbon", {}, seed)
 
 
 def test_specs_of_ones_own_inputs_are_checked_json_and_keyed_by_content(byo_setting, tmp_path,

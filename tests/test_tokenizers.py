@@ -34,7 +34,8 @@ def test_model_names_and_families_match_the_paper():
                       "Llama-3.1-70B")
     assert TOKENIZER_FAMILIES == ("gemma3", "llama3", "mistral")
     assert set(TOKENIZER_OF_MODEL) == set(MODELS)
-    # Spec §2: Gemma-3 tokenizer for both Gemmas, Llama-3 for both Llamas, Mistral v1 for Mistral.
+    # docs/model.md §2: Gemma-3 tokenizer for both Gemmas, Llama-3 for both Llamas, Mistral v1
+    # for Mistral.
     for model, fam in TOKENIZER_OF_MODEL.items():
         expected = {"Gemma": "gemma3", "Llama": "llama3", "Mistral": "mistral"}[model.split("-")[0]]
         assert fam == expected
@@ -66,7 +67,7 @@ def test_llama3_known_ids():
 
 @pytest.mark.parametrize("family", TOKENIZER_FAMILIES)
 def test_hand_checked_counts(family):
-    # "" has no token (no BOS/EOS, spec §8a); "the" is one piece of every vocabulary
+    # "" has no token (no BOS/EOS, docs/model.md §8a); "the" is one piece of every vocabulary
     # (Mistral: "▁the" with the dummy prefix; Gemma-3 and Llama-3: "the").
     counts = count_tokens(["", "the", "Hello"], family)
     assert counts.dtype == np.int64

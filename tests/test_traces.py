@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 
 from carbonrouter_lib import traces
+from carbonrouter_lib.arrivals import ServiceTimeModel
 from carbonrouter_lib.profiles import MODELS
 from carbonrouter_lib.tokenizers import TOKENIZER_FAMILIES, count_tokens
 from carbonrouter_lib.traces import TraceError, read_turns
-from carbonrouter_lib.workload import ServiceTimeModel
 
 BYO = Path(__file__).parent / "data" / "byo"
 EXAMPLE = BYO / "chat_trace.jsonl"
@@ -190,6 +190,25 @@ def test_bad_traces_name_the_file_and_row(tmp_path, rows, words):
         read_turns(path)
     missing = [w for w in words if w not in str(err.value)]
     assert not missing, (missing, str(err.value))
+
+
+@pytest.mark.parametrize("column", ["arrival_s", "start_time", "sent_at", "created"])
+def test_a_time_column_outside_the_format_is_an_error(tmp_path, column):
+    rows = [dict(r, **{column: 1641200000.0}) for r in counts_trace()]
+    path = write_jsonl(tmp_path / "t.jsonl", rows)
+    with pytest.raises(TraceError, match=rf"{re.escape(str(path))}: column\(s\) \['{column}'\] "
+                                         r"are not part of the trace format.*'timestamp'"):
+        read_turns(path)
+
+
+def test_other_unknown_columns_are_named_and_reported(tmp_path):
+    rows = [dict(r, topic="x", model_hint="y") for r in counts_trace()]
+    path = write_jsonl(tmp_path / "t.jsonl", rows)
+    with pytest.warns(UserWarning, match=r"\['topic', 'model_hint'\] are not part of the trace"):
+        t = read_turns(path)
+    assert t.attrs["trace"]["ignored_columns"] == ["topic", "model_hint"]
+    assert read_turns(write_jsonl(tmp_path / "ok.jsonl", counts_trace())).attrs["trace"][
+        "ignored_columns"] == []
 
 
 def test_later_timestamps_are_all_or_none(tmp_path):

@@ -1,4 +1,4 @@
-"""Routing policies (spec §7) over a shared feasibility step (spec §5, §6a.1–2).
+"""Routing policies (docs/model.md §7) over a shared feasibility step (docs/model.md §5, §6a.1–2).
 
 The simulator fills one :class:`QueryContext` per query, calls :func:`feasibility` (costs of
 Eq. 4–6 and the candidate set of Eq. 7 for all deployments), and, unless the query is rejected,

@@ -1,4 +1,4 @@
-"""Cache-aware baselines that bind a session to one deployment (spec §7.1–2, §6a.5–6).
+"""Cache-aware baselines that bind a session to one deployment (docs/model.md §7.1–2, §6a.5–6).
 
 - :class:`SessionAffinity` (carbon-agnostic; the reference = 1 in every table): keeps the bound
   deployment while it is a candidate; (re)binds to the lowest cache-aware estimated energy, ties

@@ -1,4 +1,4 @@
-"""What a routing policy sees and the feasibility step every policy shares (spec §4, §5, §6a.1–2).
+"""What a routing policy sees and the feasibility step all policies share (docs/model.md §4–§6a).
 
 Per query of session s at dispatch time d the simulator
 
@@ -37,7 +37,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from carbonrouter_lib import cost
 from carbonrouter_lib.deployments import Deployments
+from carbonrouter_lib.paper import DEFAULTS
 
 __all__ = [
     "ConstraintConfig",
@@ -63,8 +65,8 @@ class ConstraintConfig:
         Default 5.0.
     """
 
-    beta_q: float = 0.85
-    d_ttft_s: float = 5.0
+    beta_q: float = DEFAULTS["beta_q"]
+    d_ttft_s: float = DEFAULTS["d_ttft_s"]
 
     def __post_init__(self) -> None:
         b = self.beta_q
@@ -79,6 +81,8 @@ class ConstraintConfig:
 _INF = math.inf
 _copyto = np.copyto
 _count_nonzero = np.count_nonzero
+_energy_from_base = cost.energy_from_base_kwh
+_prefill_s = cost.prefill_s
 
 #: Queries per block when a :class:`QueryBatch` is computed (bounds the temporaries' memory).
 _BLOCK = 4096
@@ -115,14 +119,13 @@ def _checks(
 
     ``quality`` is (N, n_models); ``new``, ``hist``, ``out`` are (N, n) tokens on the
     deployments ``d`` (here: one region's). Returns
-    ``ok`` (quality-feasible model, Q ≥ β_Q·max Q as quality.feasible_models, and context
-    N_new + N_hist + N_out_est ≤ window) and ``fast`` (``ok`` and, with nothing cached,
-    TTFT = (N_new + N_hist) / v_pre ≤ D_TTFT — a division as in cost.ttft_s, so that the inclusive
-    bound agrees exactly with a hand computation).
+    ``ok`` (quality-feasible model and the context fits: :func:`.cost.quality_feasible`,
+    :func:`.cost.context_fits`) and ``fast`` (``ok`` and, with nothing cached,
+    TTFT ≤ D_TTFT: :func:`.cost.ttft_s`).
     """
-    qok = quality >= cfg.beta_q * quality.max(axis=1, keepdims=True)
-    ok = _gather(d, qok) & (new + hist + out <= d.context_window)
-    fast = ok & ((new + hist) / d.v_pre <= cfg.d_ttft_s)
+    ok = _gather(d, cost.quality_feasible(quality, cfg.beta_q)) & cost.context_fits(
+        new, hist, out, d.context_window)
+    fast = ok & (cost.ttft_s(new, hist, 0.0, d.v_pre) <= cfg.d_ttft_s)
     return ok, fast
 
 
@@ -161,11 +164,11 @@ class QueryBatch:
         they are stored for the first region's B deployments only; deployment a's value is at
         column ``a % B``.
     energy_base : ndarray, float64 (N, B)
-        E_base(a) = e_in·N_new + e_cache·N_hist + e_out·N_out_est (cost.energy_base_kwh), kWh.
+        E_base(a) = e_in·N_new + e_cache·N_hist + e_out·N_out_est (:func:`.cost.energy_base_kwh`),
+        kWh.
     energy_uncached : ndarray, float64 (N, B)
-        E(a) with nothing cached, E_base + (e_in − e_cache)·N_hist (Eq. 4 regrouped: equal to
-        cost.energy_kwh up to rounding; deployments with the same profile get bit-identical
-        values, so exact ties stay exact), kWh.
+        E(a) with nothing cached, E_base + (e_in − e_cache)·N_hist
+        (:func:`.cost.energy_from_base_kwh`), kWh.
     ok, fast : ndarray of bool (N, n), or None without ``config``
         See :func:`_checks`: quality ∧ context window, and that ∧ TTFT(L = 0) ≤ D_TTFT; over
         every deployment (one byte each: the per-query mask is then one flat operation).
@@ -225,10 +228,9 @@ class QueryBatch:
         for lo in range(0, n_q, _BLOCK):
             rows = slice(lo, lo + _BLOCK)
             new, hist, out = (_gather(d0, tokens[rows, j]) for j in range(3))
-            # (e_in·N_new + e_cache·N_hist) + e_out·N_out_est, in this order (cost.py's Eq. 4).
-            eb = d0.e_in * new + d0.e_cache * hist + d0.e_out * out
+            eb = cost.energy_base_kwh(d0.e_in, d0.e_cache, d0.e_out, new, hist, out)
             self.energy_base[rows] = eb
-            self.energy_uncached[rows] = de * hist + eb
+            self.energy_uncached[rows] = cost.energy_from_base_kwh(eb, de, hist)
             if config is not None:
                 ok, fast = _checks(d0, q[rows], new, hist, out, config)
                 ok_all[rows], fast_all[rows] = ok[:, None], fast[:, None]
@@ -532,7 +534,7 @@ class QueryContext:
 
 
 class Candidates:
-    """Cost estimates of one query on every deployment and its candidate set (spec §5, §6a.1–2).
+    """Cost estimates of one query on each deployment, its candidates (docs/model.md §5, §6a.1–2).
 
     Written by :func:`feasibility` (in place when passed as ``out``). ``mask`` and the flags are
     set by it; ``ok`` and each cost array are computed on their first access after it (a policy
@@ -607,12 +609,12 @@ class Candidates:
 
     def _hit_energy(self) -> list[tuple[int, float]]:
         """(a, E(a)) where part of the history is cached, the only entries where E differs from
-        the batch's nothing-cached energy: (e_in − e_cache)·(N_hist − L) + E_base, computed as
-        the batch computes it with L = 0."""
+        the batch's nothing-cached energy (:func:`.cost.energy_from_base_kwh`, as the batch)."""
         if self._he is None:
             ctx = self._ctx
             eb, de, block = ctx.batch.energy_base[ctx.row], ctx._de, ctx._block
-            self._he = [(a, de[a] * miss + float(eb[a % block])) for a, _, miss, _ in ctx._hits]
+            self._he = [(a, _energy_from_base(float(eb[a % block]), de[a], miss))
+                        for a, _, miss, _ in ctx._hits]
         return self._he
 
     @property
@@ -675,11 +677,10 @@ class Candidates:
     @property
     def ttft(self) -> np.ndarray:
         if self._t is None:
-            # (N_new + (N_hist − L)) / v_pre, a division as in cost.ttft_s (see _checks).
             ctx, t = self._ctx, self._ttft
-            np.take(ctx.n_new_m, ctx.deployments.model, out=t)
-            np.add(t, self.miss, out=t)
-            self._t = np.divide(t, ctx.deployments.v_pre, out=t)
+            np.take(ctx.n_new_m, ctx.deployments.model, out=t)  # N_new
+            np.add(t, self.miss, out=t)  # + N_hist − L: the uncached tokens
+            self._t = cost.prefill_s(t, ctx.deployments.v_pre)
         return self._t
 
     def argmin(self, values: np.ndarray) -> int:
@@ -735,12 +736,12 @@ def feasibility(
     avail, mask = ctx.available, c.mask
     np.logical_and(fast_row, avail, out=mask)
     if ctx._hits:
-        # Where part of the history is cached the TTFT is shorter than the batch's: recheck it,
-        # (N_new + (N_hist − L)) / v_pre as in Candidates.ttft.
+        # Where part of the history is cached the TTFT is shorter than the batch's: recheck it
+        # (uncached tokens N_new + (N_hist − L), as Candidates.ttft).
         v_pre, d_max = ctx._v_pre, cfg.d_ttft_s
         for a, _, miss, new in ctx._hits:
             if ok_row[a] and avail[a]:
-                mask[a] = (new + miss) / v_pre[a] <= d_max
+                mask[a] = _prefill_s(new + miss, v_pre[a]) <= d_max
     c.rejected = False
     c.best_effort = False
     if not _count_nonzero(mask):
@@ -787,6 +788,23 @@ class Policy:
 
     def on_session_end(self, session: int) -> None:
         """Called when the session leaves (its last turn completed or was rejected)."""
+
+    #: Whether :meth:`switch_opportunity` reports switch opportunities (the simulator asks only
+    #: then; the records' ``switch_opportunity`` and ``gate_blocked`` columns stay False otherwise).
+    reports_opportunities: bool = False
+
+    def switch_opportunity(self) -> int:
+        """After :meth:`choose`: the deployment the policy's proposal preferred if that decision
+        was a switch opportunity (the session's previous deployment b was a candidate with a
+        cache and the proposal g ≠ b), else −1. The replay records the opportunity, and a
+        blocked switch when the policy then stayed on b."""
+        return -1
+
+    def unready(self) -> str | None:
+        """None when the policy can route; otherwise what must be built first, in words (the
+        replay refuses an unready policy: :func:`carbonrouter_lib.build.build_policy` builds
+        it)."""
+        return None
 
     #: Whether :meth:`released` may name caches to drop (the simulator asks only then).
     releases_caches: bool = False

@@ -1,4 +1,4 @@
-"""CarbonRouter (CCAR), paper Algorithm 1 (spec §7.5–6).
+"""CarbonRouter (CCAR), paper Algorithm 1 (docs/model.md §7.5–6).
 
 Per query:
 
@@ -13,9 +13,9 @@ Per query:
 
 The default is the full system: ``gate="learned"`` with δ = 0 — the XGBoost gate of
 :mod:`carbonrouter_lib.gate`, trained for the run's setting by whoever runs the policy
-(:func:`~carbonrouter_lib.simulator.simulate` trains it on the replayed workload with
-session-held-out folds; :func:`~carbonrouter_lib.sweep.run_one` trains it once per setting and
-caches it), whose per-fold threshold δ_f is inside its margin Â − δ_f. Any callable
+(:func:`carbonrouter_lib.build.build_policy`, called by ``experiments.run_policies`` and
+``sweep.run_one``, trains it on the replayed workload with conversation-held-out folds and caches
+it per setting), whose per-fold threshold δ_f is inside its margin Â − δ_f. Any callable
 ``gate(ctx, cand, g, b) -> float`` plugs in instead (see :class:`Gate`). Without a gate, or with
 δ = +∞, the gate is never called and the policy always follows the proposal: the registry's
 ``carbonrouter-no-gate`` (:class:`CarbonRouterNoGate`, the "w/o Gate" ablation);
@@ -129,6 +129,15 @@ class CarbonRouter(Policy):
         """Whether the learned gate is still to be trained (``gate_to_build == LEARNED``)."""
         return self.gate_to_build == LEARNED
 
+    reports_opportunities = True
+
+    def switch_opportunity(self) -> int:
+        return self.last_proposal if self.last_opportunity else -1
+
+    def unready(self) -> str | None:
+        build = self.gate_to_build
+        return None if build is None else f"its {build} gate is not built"
+
     def set_gate(self, gate: Gate | str | None) -> None:
         """Set the gate (e.g. the trained learned gate)."""
         self.gate = gate
@@ -162,9 +171,9 @@ class CarbonRouter(Policy):
         if not self._gated:
             return g
         if isinstance(self.gate, str):
-            raise RuntimeError(f"CarbonRouter: the {self.gate} gate has not been built; run the "
-                               f"policy through simulate() or sweep.run_one(), or set_gate() a "
-                               f"gate (carbonrouter_lib.gate.ensure_gate / OracleGate)")
+            raise RuntimeError(f"CarbonRouter: the {self.gate} gate has not been built; "
+                               f"build.build_policy() builds it (experiments.run_policies and "
+                               f"the sweeps call it), or set_gate() a gate")
         adv = float(self.gate(ctx, cand, g, b))
         if math.isnan(adv):
             raise ValueError(f"CarbonRouter: the gate returned NaN (session {s}, turn "

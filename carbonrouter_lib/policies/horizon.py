@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from carbonrouter_lib import cost
+from carbonrouter_lib.paper import DEFAULTS
 from carbonrouter_lib.policies.base import Candidates, Policy, QueryContext
 
 __all__ = ["HorizonModel", "HorizonRouter", "fit_horizon_model", "LEARNED"]
@@ -63,7 +65,7 @@ class HorizonModel:
     ----------
     folds, seed
         Conversations are split into ``folds`` folds by a hash of the conversation (seeded,
-        :func:`carbonrouter_lib.gate.session_folds`); fold f's values come from the others.
+        :func:`carbonrouter_lib.prepared.conversation_folds`); fold f's values come from the others.
     horizon
         J: future turns priced.
     survival
@@ -94,12 +96,13 @@ class HorizonModel:
     meta: dict = field(default_factory=dict)
 
     def fold_of(self, conversation: int) -> int:
-        from carbonrouter_lib.gate import session_folds
+        from carbonrouter_lib.prepared import conversation_folds
 
-        return int(session_folds([conversation], self.folds, self.seed)[0])
+        return int(conversation_folds([conversation], self.folds, self.seed)[0])
 
 
-def fit_horizon_model(table: pd.DataFrame, beta_q: float = 0.85, ttl_s: float = 1800.0,
+def fit_horizon_model(table: pd.DataFrame, beta_q: float = DEFAULTS["beta_q"],
+                      ttl_s: float = DEFAULTS["ttl_s"],
                       horizon: int = 16, folds: int = 5, seed: int = 0) -> HorizonModel:
     """Fit the :class:`HorizonModel` on a prepared workload: for each conversation fold f, the
     session-length survival, the mean tokens of later turns, the models' next-turn feasibility,
@@ -107,20 +110,19 @@ def fit_horizon_model(table: pd.DataFrame, beta_q: float = 0.85, ttl_s: float = 
     conversations of the *other* folds (each conversation counted once, however many copies the
     replay has of it)."""
     from carbonrouter_lib import prepared
-    from carbonrouter_lib.gate import session_folds
     from carbonrouter_lib.prepared import MODELS
 
     if horizon < 0 or folds < 2:
         raise ValueError(f"horizon must be ≥ 0 and folds ≥ 2, got {horizon}, {folds}")
     conv = prepared.conversation_codes(table)
-    fold_row = session_folds(conv, folds, seed)
+    fold_row = prepared.conversation_folds(conv, folds, seed)
     turn = table["turn"].to_numpy()
     n_turns = table["n_turns"].to_numpy()
     think = table["think_s"].to_numpy(np.float64)
     new = prepared.model_matrix(table, "new_tokens").astype(np.float64)
     out = prepared.model_matrix(table, "output_tokens").astype(np.float64)
     q = prepared.model_matrix(table, "quality").astype(np.float64)
-    feasible = q >= beta_q * q.max(axis=1, keepdims=True)
+    feasible = cost.quality_feasible(q, beta_q)
     service = prepared._reference_service(table)
     # one row per conversation (its first session's rows), so copies do not weigh it more
     first_copy = np.zeros(len(table), dtype=bool)
@@ -227,6 +229,9 @@ class HorizonRouter(Policy):
         """Whether the model is still to be fitted (``model == "learned"`` and J > 0)."""
         return self.horizon > 0 and isinstance(self.model, str)
 
+    def unready(self) -> str | None:
+        return "its horizon model is not fitted" if self.needs_model else None
+
     def set_model(self, model: HorizonModel) -> None:
         """Set the fitted :class:`HorizonModel`."""
         if model.horizon < self.horizon:
@@ -253,9 +258,9 @@ class HorizonRouter(Policy):
                              "simulate() or the live router)")
         model = self.model
         if isinstance(model, str):
-            raise RuntimeError("HorizonRouter: the horizon model has not been fitted; run the "
-                               "policy through the runner (sweep.run_one / "
-                               "experiments.run_policies) or set_model(fit_horizon_model(...))")
+            raise RuntimeError("HorizonRouter: the horizon model has not been fitted; "
+                               "build.build_policy() fits it (experiments.run_policies and the "
+                               "sweeps call it), or set_model(fit_horizon_model(...))")
         state = _RunState(
             forecaster=make_forecaster(self.forecast, ctx.signal),
             kv_pool=ctx.backend.kv_pool_of(),

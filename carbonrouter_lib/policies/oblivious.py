@@ -1,4 +1,4 @@
-"""Cache-oblivious carbon-aware baselines (spec §7.3–4, §6a.7).
+"""Cache-oblivious carbon-aware baselines (docs/model.md §7.3–4, §6a.7).
 
 They rank candidates by the carbon of E_base (as if every deployment held the whole history), so
 they move freely and pay the recomputation they do not see. Feasibility (including the TTFT bound)

@@ -6,12 +6,12 @@ provider, the clock and the router's policy and constraints. Everything is check
 socket opens; a bad entry fails with a message naming the file, the entry (``deployments[3]
 (id 'gb-h100')``) and the field.
 
-How the declared deployments meet the library's model (one code path, spec §1–§6):
+How the declared deployments meet the library's model (one code path, ``docs/model.md`` §1–§6):
 
 - The router's :class:`~carbonrouter_lib.deployments.Deployments` is the grid of every
-  (catalog model, GPU, region) the file uses, in tie-break order (§6a.9: regions as declared,
-  GPUs in :data:`~carbonrouter_lib.profiles.GPUS` order, models in catalog order); grid entries
-  that no deployment declares are never available.
+  (catalog model, GPU, region) the file uses, in tie-break order (``docs/model.md`` §6a.9:
+  regions as declared, GPUs in :data:`~carbonrouter_lib.profiles.GPUS` order, models in catalog
+  order); grid entries that no deployment declares are never available.
 - A pool is a (region, GPU type) as in :mod:`carbonrouter_lib.backend`: ``slots`` and
   ``kv_tokens`` are the pool's, so the deployments of one pool must declare the same values,
   and (the backend's :class:`~carbonrouter_lib.backend.BackendConfig` is uniform) so must every
@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from carbonrouter_lib.backend import BackendConfig
 from carbonrouter_lib.deployments import Deployments
+from carbonrouter_lib.paper import DEFAULTS
 from carbonrouter_lib.policies import POLICIES, ConstraintConfig
 from carbonrouter_lib.profiles import (
     GPUS,
@@ -234,9 +235,9 @@ class RouterSpec(_Strict):
     params: dict[str, Any] = Field(default_factory=dict)
     gate: Literal["none", "learned"] = "none"
     gate_workload: dict[str, Any] = Field(default_factory=lambda: {"max_conversations": 400})
-    beta_q: float = Field(default=0.85, gt=0, le=1)
-    d_ttft_s: float = Field(default=5.0, gt=0)
-    ttl_s: float = Field(default=1800.0, gt=0)
+    beta_q: float = Field(default=DEFAULTS["beta_q"], gt=0, le=1)
+    d_ttft_s: float = Field(default=DEFAULTS["d_ttft_s"], gt=0)
+    ttl_s: float = Field(default=DEFAULTS["ttl_s"], gt=0)
     quality: dict[str, float] = Field(default_factory=dict)
     est_output_tokens: float = Field(default=256.0, ge=0)
     session_header: str = "X-Session-ID"
@@ -278,7 +279,8 @@ class ServeConfig(_Strict):
         Region labels in tie-break order; a deployment's region must be one of them. Default:
         order of first appearance.
     profiles
-        ``analytical`` (spec §3, with ``profile_constants``) or the path of a measured profile
+        ``analytical`` (Appendix A, ``docs/model.md`` §3, with ``profile_constants``) or the path
+        of a measured profile
         table (:func:`carbonrouter_lib.profiles.load_measured_profiles`), relative to the file.
     profile_constants
         κ, γ, α, ... of the analytical profiles.

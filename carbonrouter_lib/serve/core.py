@@ -2,10 +2,10 @@
 
 Per request the :class:`RouterCore`
 
-1. turns the chat messages into the query of spec §4: session id, turn index k (assistant
-   messages so far), N_new (messages after the last assistant message) and N_hist (all before
-   it) under every model's tokenizer (:func:`carbonrouter_lib.tokenizers.count_tokens`, no chat
-   template, as the prepared workloads count), the estimated output and Q(m);
+1. turns the chat messages into the query of ``docs/model.md`` §4: session id, turn index k
+   (assistant messages so far), N_new (messages after the last assistant message) and N_hist (all
+   before it) under every model's tokenizer (:func:`carbonrouter_lib.tokenizers.count_tokens`, no
+   chat template, as the prepared workloads count), the estimated output and Q(m);
 2. brings its own estimate of the engines' state up to the clock: a
    :class:`~carbonrouter_lib.backend.Backend` (slots, KV pools, TTL, LRU eviction — the
    simulator's rules) fed with the proxy's dispatches and completions, since the router cannot
@@ -25,8 +25,9 @@ report does not change the post-turn estimate; it is the truth the estimate is m
 
 Completions: ``observed`` (default) at the clock's time when the response ends; ``modelled``
 at d + TTFT(a) + N_out/v_dec as the simulator, queued and applied in time order (completions
-before dispatches at equal times, §6a.9) — with a :class:`~carbonrouter_lib.serve.clock.
-ManualClock` driven through a workload turn by turn this reproduces the simulator's decisions.
+before dispatches at equal times, ``docs/model.md`` §6a.9) — with a
+:class:`~carbonrouter_lib.serve.clock.ManualClock` driven through a workload turn by turn this
+reproduces the simulator's decisions.
 
 Sessions leave when a request says it is the last turn (extension field ``last_turn``), else
 after ``session_idle_s`` without a request.
@@ -255,10 +256,10 @@ class RouterCore:
 
     def _learned_gate(self, policy: CarbonRouter):
         """The learned gate of the configured zones, trained on ``gate_workload`` (cached)."""
-        from carbonrouter_lib import gate, prepared, simulator
+        from carbonrouter_lib import gate, prepared, setting
 
         rc, prof = self.config.router, self.config.profile_constants
-        sim = simulator.SimulationConfig(
+        sim = setting.SimulationConfig(
             regions=tuple(dict.fromkeys(self.config.zones)), ttl_s=rc.ttl_s,
             beta_q=rc.beta_q, d_ttft_s=rc.d_ttft_s,
             **{k: prof[k] for k in ("kappa", "gamma", "alpha") if k in prof})

@@ -12,7 +12,8 @@ deployment as far as a router can tell:
   whole prompt: its last token is always computed, as vLLM does), then caches its prompt and its
   output (a sequence longer than the memory keeps its leading blocks);
 - **timing from the deployment's profile**: TTFT = uncached prompt tokens / v_pre, then the
-  output at v_dec tokens/s (spec §4), divided by the clock's scale so that tests run fast;
+  output at v_dec tokens/s (Eq. 6, ``docs/model.md`` §4), divided by the clock's scale so that
+  tests run fast;
 - ``usage.prompt_tokens_details.cached_tokens``; SSE streaming (``stream_options.
   include_usage``); ``GET /v1/models``;
 - **fault injection** (``POST /emulator/faults``): the next *n* requests fail with HTTP 500,

@@ -2,7 +2,7 @@
 simulator query by query.
 
 - :func:`grid_config`: a serve configuration with one (emulated) engine per deployment of a
-  :class:`~carbonrouter_lib.simulator.SimulationConfig` and the simulator's capacity, so that
+  :class:`~carbonrouter_lib.setting.SimulationConfig` and the simulator's capacity, so that
   the proxy and :func:`~carbonrouter_lib.simulator.simulate` route over the same deployments,
   pools and carbon signal.
 - :func:`conversation_texts`: the ShareGPT texts of a prepared workload's turns (the emulated
@@ -34,7 +34,7 @@ import pandas as pd
 from carbonrouter_lib import prepared, sharegpt
 from carbonrouter_lib.profiles import MODELS
 from carbonrouter_lib.serve.config import ServeConfig, config_from_dict
-from carbonrouter_lib.simulator import SimulationConfig, backend_config
+from carbonrouter_lib.setting import SimulationConfig, backend_config
 
 __all__ = ["grid_config", "conversation_texts", "request_for", "truncate_sessions",
            "replay_stepwise", "replay_live", "load_test", "compare_with_simulator",
@@ -158,7 +158,7 @@ def replay_stepwise(client, clock, table: pd.DataFrame, texts: pd.DataFrame) -> 
         except APIStatusError as exc:
             if exc.status_code != 503:
                 raise
-            dep, est, done = "", math.nan, t  # rejected: the session goes on (spec §6a.8)
+            dep, est, done = "", math.nan, t  # rejected: the session goes on (docs/model.md §6a.8)
         rows.append({"session": trace.session[i], "turn": trace.turn[i], "dispatch_s": t,
                      "deployment_id": dep, "est_gco2e": est, "completion_s": done})
         if not last[i] and i + 1 < n:

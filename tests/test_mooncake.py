@@ -1,10 +1,9 @@
-"""Workload: arrival model, Mooncake session inference, think-time calibration, turn table."""
+"""The Mooncake trace (carbonrouter_lib.mooncake): loading, session inference, gaps and think
+times, the think-time calibration, the trace as a turn table."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import math
 import time
 
 import numpy as np
@@ -12,119 +11,10 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import stats
 
-from carbonrouter_lib import profiles, workload
+from carbonrouter_lib import mooncake
+from carbonrouter_lib.arrivals import ArrivalConfig, ServiceTimeModel
 from carbonrouter_lib.tokenizers import TOKENIZER_FAMILIES
-from carbonrouter_lib.workload import ArrivalConfig, ServiceTimeModel
-
-# --------------------------------------------------------------------------------------------
-# Arrival model
-
-
-def test_default_window_is_monday_2022_01_03_for_seven_days():
-    cfg = ArrivalConfig()
-    monday = dt.datetime(2022, 1, 3, tzinfo=dt.UTC)
-    assert monday.weekday() == 0
-    assert cfg.start_epoch_s == monday.timestamp()
-    assert cfg.window_s == 7 * 24 * 3600
-    assert cfg.end_epoch_s == (monday + dt.timedelta(days=7)).timestamp()
-    assert cfg.think_time == "lognormal"
-    d = cfg.to_dict()
-    assert json.loads(json.dumps(d))["window_start"].startswith("2022-01-03T00:00:00")
-
-
-def test_window_start_zones():
-    naive = ArrivalConfig(window_start="2022-06-01 12:00")  # read as UTC
-    shifted = ArrivalConfig(window_start="2022-06-01T14:00:00+02:00")
-    assert naive.start_epoch_s == shifted.start_epoch_s
-    assert naive.window_start == pd.Timestamp("2022-06-01 12:00", tz="UTC")
-
-
-@pytest.mark.parametrize(
-    "kwargs, match",
-    [
-        ({"window_days": 0}, "window_days"),
-        ({"window_days": -1.0}, "window_days"),
-        ({"window_days": float("nan")}, "window_days"),
-        ({"window_days": "7"}, "window_days"),
-        ({"think_time": "weibull"}, "think_time"),
-        ({"lognormal_sigma": 0.0}, "lognormal_sigma"),
-        ({"lognormal_mu": float("inf")}, "lognormal_mu"),
-        ({"exponential_mean_s": -5.0}, "exponential_mean_s"),
-        ({"window_start": "not a date"}, "window_start"),
-        ({"window_start": None}, "window_start"),
-    ],
-)
-def test_arrival_config_rejects_bad_parameters(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        ArrivalConfig(**kwargs)
-
-
-def test_session_starts_sorted_in_window_and_deterministic():
-    cfg = ArrivalConfig(window_days=2.0)
-    t = workload.session_start_times(5000, cfg, seed=7)
-    assert t.dtype == np.float64 and t.shape == (5000,)
-    assert np.all(np.diff(t) >= 0)
-    assert t.min() >= cfg.start_epoch_s and t.max() < cfg.end_epoch_s
-    assert np.array_equal(t, workload.session_start_times(5000, cfg, seed=7))
-    assert not np.array_equal(t, workload.session_start_times(5000, cfg, seed=8))
-    gen = np.random.default_rng(7)
-    assert np.array_equal(t, workload.session_start_times(5000, cfg, seed=gen))
-    assert workload.session_start_times(0, cfg, seed=1).shape == (0,)
-
-
-def test_session_starts_have_the_poisson_rate_and_are_uniform():
-    cfg = ArrivalConfig()
-    n, days = 7000, 7
-    # Mean count in each day over many seeds ≈ n · 1 day / 7 days = 1000 (sd of mean ≈ 2).
-    counts = np.array([
-        np.histogram(workload.session_start_times(n, cfg, seed=s) - cfg.start_epoch_s,
-                     bins=days, range=(0, cfg.window_s))[0]
-        for s in range(200)
-    ])
-    assert np.allclose(counts.mean(axis=0), n / days, atol=10)
-    # A count in a sub-window of a conditioned Poisson process is Binomial(n, len/T).
-    p = 1 / days
-    assert counts[:, 0].var() == pytest.approx(n * p * (1 - p), rel=0.25)
-    # Uniformity at a fixed seed (KS against U[0, T)).
-    u = (workload.session_start_times(3000, cfg, seed=123) - cfg.start_epoch_s) / cfg.window_s
-    assert stats.kstest(u, "uniform").pvalue > 0.05
-    # Gaps between consecutive starts are exponential-like with mean T / n.
-    gaps = np.diff(workload.session_start_times(20000, cfg, seed=5))
-    assert gaps.mean() == pytest.approx(cfg.window_s / 20000, rel=0.02)
-
-
-@pytest.mark.parametrize("n", [-1, 2.5, True])
-def test_counts_must_be_non_negative_ints(n):
-    with pytest.raises(ValueError):
-        workload.session_start_times(n, ArrivalConfig(), seed=0)
-    with pytest.raises(ValueError):
-        workload.think_times(n, ArrivalConfig(), rng=0)
-
-
-def test_lognormal_think_times_match_the_formula():
-    cfg = ArrivalConfig(lognormal_mu=4.0, lognormal_sigma=0.8)
-    x = workload.think_times(400_000, cfg, np.random.default_rng(3))
-    assert (x > 0).all()
-    assert np.median(x) == pytest.approx(math.exp(4.0), rel=0.01)
-    assert x.mean() == pytest.approx(math.exp(4.0 + 0.8**2 / 2), rel=0.01)
-    assert np.log(x).std() == pytest.approx(0.8, rel=0.01)
-
-
-def test_exponential_think_times_match_the_formula():
-    cfg = ArrivalConfig(think_time="exponential", exponential_mean_s=120.0)
-    x = workload.think_times(400_000, cfg, np.random.default_rng(4))
-    assert x.mean() == pytest.approx(120.0, rel=0.01)
-    assert np.median(x) == pytest.approx(120.0 * math.log(2), rel=0.01)
-
-
-def test_think_times_are_deterministic_for_a_seed():
-    a = workload.think_times(100, ArrivalConfig(), np.random.default_rng(9))
-    b = workload.think_times(100, ArrivalConfig(), np.random.default_rng(9))
-    assert np.array_equal(a, b)
-    assert np.array_equal(a, workload.think_times(100, ArrivalConfig(), 9))
-
 
 # --------------------------------------------------------------------------------------------
 # Loading the trace
@@ -143,7 +33,7 @@ def _rec(t=0, il=1100, ol=10, h=None):
 
 def test_load_reads_a_small_trace(tmp_path):
     path = _write(tmp_path, [_rec(0, 1100, 5, [0, 1, 2]), _rec(1000, 600, 7, [0, 3])])
-    df = workload.load_mooncake_trace(path)
+    df = mooncake.load_mooncake_trace(path)
     assert df["line"].tolist() == [1, 2]
     assert df["timestamp"].tolist() == [0, 1000]
     assert df["hash_ids"].tolist() == [(0, 1, 2), (0, 3)]
@@ -168,14 +58,14 @@ def test_load_reads_a_small_trace(tmp_path):
 )
 def test_load_rejects_bad_lines_naming_them(tmp_path, lines, match):
     with pytest.raises(ValueError, match=match):
-        workload.load_mooncake_trace(_write(tmp_path, lines))
+        mooncake.load_mooncake_trace(_write(tmp_path, lines))
 
 
 def test_load_rejects_an_empty_trace(tmp_path):
     path = tmp_path / "empty.jsonl"
     path.write_text("")
     with pytest.raises(ValueError, match="empty trace"):
-        workload.load_mooncake_trace(path)
+        mooncake.load_mooncake_trace(path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -193,7 +83,7 @@ def _trace(rows):
 
 
 def test_two_interleaved_sessions_and_the_most_recent_of_equal_predecessors():
-    s = workload.infer_sessions(_trace([
+    s = mooncake.infer_sessions(_trace([
         (0, 1200, 100, [0, 1, 2]),        # A1: 2 complete blocks [0, 1], block 2 partial
         (1000, 1600, 50, [0, 3, 4, 5]),   # B1: complete [0, 3, 4]
         (5000, 1400, 500, [0, 1, 6]),     # A2 = A1 + 100 out + 100 new; repeats all but A1's last
@@ -213,7 +103,7 @@ def test_two_interleaved_sessions_and_the_most_recent_of_equal_predecessors():
 
 
 def test_block_zero_alone_never_links_and_partial_overlap_does_not_either():
-    s = workload.infer_sessions(_trace([
+    s = mooncake.infer_sessions(_trace([
         (0, 1536, 10, [0, 20, 21]),        # D1: 3 complete blocks (1536 = 3 × 512)
         (1000, 1100, 10, [0, 10, 11]),     # C1 shares only block 0 with D1
         (2000, 1800, 10, [0, 20, 22, 23]), # shares [0, 20] with D1 but not D1's block 21
@@ -227,7 +117,7 @@ def test_block_zero_alone_never_links_and_partial_overlap_does_not_either():
 
 
 def test_a_predecessor_needs_two_complete_blocks():
-    s = workload.infer_sessions(_trace([
+    s = mooncake.infer_sessions(_trace([
         (0, 900, 10, [0, 1]),            # 1 complete block: cannot be linked to
         (1000, 1100, 10, [0, 1, 2]),     # contains [0, 1] but block 1 was partial in the first
     ]))
@@ -235,7 +125,7 @@ def test_a_predecessor_needs_two_complete_blocks():
 
 
 def test_branch_two_requests_extend_the_same_prefix():
-    s = workload.infer_sessions(_trace([
+    s = mooncake.infer_sessions(_trace([
         (0, 1600, 100, [0, 40, 41, 42]),          # F1: complete [0, 40, 41]
         (10_000, 2100, 300, [0, 40, 41, 43, 44]), # F2 extends F1: complete [0, 40, 41, 43]
         (20_000, 2000, 50, [0, 40, 41, 45]),      # F3 extends F1 too, not F2
@@ -252,7 +142,7 @@ def test_branch_two_requests_extend_the_same_prefix():
 
 
 def test_repeat_and_short_follow_up():
-    s = workload.infer_sessions(_trace([
+    s = mooncake.infer_sessions(_trace([
         (0, 1200, 300, [0, 1, 2]),
         (5000, 1200, 280, [0, 1, 2]),   # regenerate: identical input
         (9000, 1450, 10, [0, 1, 3]),    # input < 1200 + 280: a trimmed response
@@ -260,17 +150,17 @@ def test_repeat_and_short_follow_up():
     assert s["relation"].tolist() == ["first", "repeat", "short follow-up"]
     assert s["history_tokens"].tolist() == [0, 1200, 1450]
     assert s["new_tokens"].tolist() == [1200, 0, 0]
-    counts = workload.session_counts(s).set_index("quantity")["value"]
+    counts = mooncake.session_counts(s).set_index("quantity")["value"]
     assert counts["sessions"] == 1 and counts["follow-ups with 0 new tokens"] == 2
 
 
 def test_ids_that_are_not_prefix_hashes_are_rejected():
     with pytest.raises(ValueError, match="request 1.*not prefix hashes"):
-        workload.infer_sessions(_trace([(0, 1100, 1, [0, 1, 2]), (1, 600, 1, [0, 2])]))
+        mooncake.infer_sessions(_trace([(0, 1100, 1, [0, 1, 2]), (1, 600, 1, [0, 2])]))
     with pytest.raises(ValueError, match="arrival order"):
-        workload.infer_sessions(_trace([(5, 1100, 1, [0, 1, 2]), (1, 600, 1, [0, 3])]))
+        mooncake.infer_sessions(_trace([(5, 1100, 1, [0, 1, 2]), (1, 600, 1, [0, 3])]))
     with pytest.raises(ValueError, match="empty trace"):
-        workload.infer_sessions(_trace([]).astype({"timestamp": "int64"}))
+        mooncake.infer_sessions(_trace([]).astype({"timestamp": "int64"}))
 
 
 def _synthetic_trace(sessions: list[list[tuple[int, int]]], order: list[int]):
@@ -311,7 +201,7 @@ def test_inference_recovers_synthetic_sessions(data):
     order = data.draw(st.permutations([k for k, s in enumerate(sessions) for _ in s]))
     # Within a session the turns keep their order whatever the interleaving.
     trace, truth = _synthetic_trace(sessions, list(order))
-    s = workload.infer_sessions(trace)
+    s = mooncake.infer_sessions(trace)
     truth_sess = [k for k, _ in truth]
     pairs = set(zip(s["session_id"], truth_sess, strict=True))
     assert len(pairs) == n_sess == s["session_id"].nunique()  # same partition
@@ -327,7 +217,7 @@ def test_inference_recovers_synthetic_sessions(data):
 
 
 # --------------------------------------------------------------------------------------------
-# Gaps and think times
+# Gaps and think times (the fit itself: tests/test_arrivals.py)
 
 
 def _gap_trace():
@@ -341,8 +231,8 @@ def _gap_trace():
 
 
 def test_gaps_service_and_think_times_by_hand():
-    s = workload.infer_sessions(_gap_trace())
-    g = workload.inter_turn_gaps(s, ServiceTimeModel(prefill_tok_s=1000, decode_tok_s=10))
+    s = mooncake.infer_sessions(_gap_trace())
+    g = mooncake.inter_turn_gaps(s, ServiceTimeModel(prefill_tok_s=1000, decode_tok_s=10))
     g = g.set_index("request")
     # B2 after B1: gap 30 s; service of B1 = 1100/1000 + 500/10 = 51.1 s → think −21.1 s.
     # A2 after A1: gap 60 s; service of A1 = 1200/1000 + 100/10 = 11.2 s → think 48.8 s.
@@ -354,98 +244,7 @@ def test_gaps_service_and_think_times_by_hand():
     assert g["bound_s"].to_dict() == pytest.approx({2: 90 - 10 - 51.1, 3: 90 - 11.2,
                                                     4: 90 - 60 - 2.1})
     with pytest.raises(ValueError, match="before the last request"):
-        workload.inter_turn_gaps(s, trace_end_s=50.0)
-
-
-def test_fit_counts_and_excludes_nonpositive_think_times():
-    fit = workload.fit_think_time([-21.1, 0.0, 48.8, 27.9, 100.0])
-    assert fit.n_nonpositive == 2 and fit.n_used == 3
-    lx = np.log([48.8, 27.9, 100.0])
-    assert fit.lognormal_mu == pytest.approx(lx.mean())
-    assert fit.lognormal_sigma == pytest.approx(lx.std())  # MLE: divide by n
-    assert fit.exponential_mean_s == pytest.approx(np.mean([48.8, 27.9, 100.0]))
-
-
-def test_fit_rejects_bad_input():
-    with pytest.raises(ValueError, match="NaN"):
-        workload.fit_think_time([1.0, np.nan, 3.0])
-    with pytest.raises(ValueError, match="at least 2"):
-        workload.fit_think_time([-1.0, 5.0])
-    with pytest.raises(ValueError, match="≥ its think time"):
-        workload.fit_think_time([10.0, 20.0], bound_s=[5.0, 30.0])
-    with pytest.raises(ValueError, match="bound_s has"):
-        workload.fit_think_time([10.0, 20.0], bound_s=[30.0])
-
-
-def test_plain_fit_matches_scipy_and_recovers_parameters():
-    x = np.random.default_rng(11).lognormal(4.5, 1.2, size=20_000)
-    fit = workload.fit_think_time(x)
-    s, _, scale = stats.lognorm.fit(x, floc=0)
-    assert fit.lognormal_sigma == pytest.approx(s, rel=1e-3)
-    assert fit.lognormal_mu == pytest.approx(math.log(scale), rel=1e-4)
-    assert fit.lognormal_mu == pytest.approx(4.5, abs=0.03)
-    assert fit.lognormal_sigma == pytest.approx(1.2, abs=0.02)
-    assert fit.exponential_mean_s == pytest.approx(stats.expon.fit(x, floc=0)[1])
-    assert fit.lognormal_aic < fit.exponential_aic
-    assert fit.lognormal_ks < 0.015 < fit.exponential_ks
-    assert fit.lognormal_loglik == pytest.approx(stats.lognorm(s, scale=scale).logpdf(x).sum(),
-                                                 rel=1e-6)
-
-
-def test_truncated_fit_recovers_parameters_the_naive_fit_misses():
-    rng = np.random.default_rng(21)
-    x = rng.lognormal(4.8, 1.1, size=60_000)
-    b = rng.uniform(30.0, 3600.0, size=x.size)  # e.g. time left before the trace ends
-    seen = x <= b
-    naive = workload.fit_think_time(x[seen])
-    fit = workload.fit_think_time(x[seen], b[seen])
-    assert fit.truncated and not naive.truncated
-    assert fit.lognormal_mu == pytest.approx(4.8, abs=0.03)
-    assert fit.lognormal_sigma == pytest.approx(1.1, abs=0.03)
-    assert naive.lognormal_mu < 4.8 - 0.05  # long think times are under-represented
-    assert fit.lognormal_aic < fit.exponential_aic
-    # The truncated model's predicted CDF of the observations matches their ECDF.
-    grid = np.quantile(x[seen], [0.1, 0.5, 0.9])
-    ecdf = [(x[seen] <= g).mean() for g in grid]
-    assert fit.observed_cdf(grid, b[seen]) == pytest.approx(ecdf, abs=0.01)
-
-    e = rng.exponential(300.0, size=60_000)
-    seen = e <= b
-    fit_e = workload.fit_think_time(e[seen], b[seen])
-    assert fit_e.exponential_mean_s == pytest.approx(300.0, rel=0.03)
-    assert workload.fit_think_time(e[seen]).exponential_mean_s < 0.95 * 300.0
-    assert fit_e.exponential_aic < fit_e.lognormal_aic
-
-
-def test_fit_helpers():
-    fit = workload.fit_think_time(np.random.default_rng(1).lognormal(4.0, 1.0, 500))
-    assert fit.lognormal_median_s == pytest.approx(math.exp(fit.lognormal_mu))
-    assert fit.lognormal_mean_s == pytest.approx(
-        math.exp(fit.lognormal_mu + fit.lognormal_sigma**2 / 2))
-    x = np.array([10.0, 100.0, 1000.0])
-    # Bounds far beyond the data: the observed CDF is the plain CDF.
-    assert fit.observed_cdf(x, np.full(5, 1e12)) == pytest.approx(fit.cdf(x))
-    assert fit.observed_cdf(np.array([5e3]), np.array([100.0, 5e3])) == pytest.approx([1.0])
-    cfg = fit.arrival_config(window_days=3.0)
-    assert cfg.lognormal_mu == fit.lognormal_mu and cfg.window_days == 3.0
-    with pytest.raises(ValueError, match="dist"):
-        fit.cdf(x, "gamma")
-
-
-def test_service_model_defaults_are_the_reference_deployment():
-    ref = ServiceTimeModel.from_profile(*profiles.REFERENCE_DEPLOYMENT)
-    default = ServiceTimeModel()
-    assert default.prefill_tok_s == pytest.approx(ref.prefill_tok_s, rel=1e-12)
-    assert default.decode_tok_s == pytest.approx(ref.decode_tok_s, rel=1e-12)
-    # By hand (spec §3): 0.5·8·312e12/(2·70e9) and 8·1555e9/(2·70e9).
-    assert default.prefill_tok_s == pytest.approx(0.5 * 8 * 312e12 / 140e9)
-    assert default.decode_tok_s == pytest.approx(8 * 1555e9 / 140e9)
-    assert default.scaled(decode_factor=0.5).decode_tok_s == pytest.approx(default.decode_tok_s
-                                                                           / 2)
-    with pytest.raises(ValueError, match="decode_tok_s"):
-        ServiceTimeModel(decode_tok_s=0)
-    with pytest.raises(KeyError):
-        ServiceTimeModel.from_profile("GPT-5", "A100")
+        mooncake.inter_turn_gaps(s, trace_end_s=50.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -453,7 +252,7 @@ def test_service_model_defaults_are_the_reference_deployment():
 
 
 def test_mooncake_turns_schema_on_a_hand_made_trace():
-    turns = workload.mooncake_turns(_gap_trace(),
+    turns = mooncake.mooncake_turns(_gap_trace(),
                                     ServiceTimeModel(prefill_tok_s=1000, decode_tok_s=10))
     # Sessions in order of their first request, turns contiguous and in order.
     assert turns["conversation_id"].tolist() == ["mooncake-0"] * 3 + ["mooncake-1"] * 2
@@ -469,25 +268,15 @@ def test_mooncake_turns_schema_on_a_hand_made_trace():
     assert turns["think_time_s"].iloc[[0, 3]].isna().all()
 
 
-def test_workload_summary_by_hand():
-    turns = workload.mooncake_turns(_gap_trace())
-    summary = workload.workload_summary(turns, "llama3", thresholds=(1000, 1500))
-    assert summary["conversations"] == 2 and summary["queries"] == 5
-    assert summary["mean turns per conversation"] == 2.5
-    assert summary["share of queries with ≥ 1000 history tokens"] == pytest.approx(3 / 5)
-    assert summary["share of queries with ≥ 1500 history tokens"] == pytest.approx(1 / 5)
-    assert summary["median history tokens per query"] == 1300
-
-
 # --------------------------------------------------------------------------------------------
 # The real trace (mirror)
 
 
 @pytest.fixture(scope="module")
 def real_sessions():
-    trace = workload.load_mooncake_trace()
+    trace = mooncake.load_mooncake_trace()
     t0 = time.perf_counter()
-    s = workload.infer_sessions(trace)
+    s = mooncake.infer_sessions(trace)
     return s, time.perf_counter() - t0
 
 
@@ -495,7 +284,7 @@ def test_real_trace_sessions(real_sessions):
     s, seconds = real_sessions
     assert len(s) == 12_031
     assert seconds < 1.5  # ~0.1 s on a laptop core
-    counts = workload.session_counts(s).set_index("quantity")["value"]
+    counts = mooncake.session_counts(s).set_index("quantity")["value"]
     assert counts["sessions"] == 8056 and counts["follow-up requests (turn ≥ 1)"] == 3975
     assert (s["history_tokens"] + s["new_tokens"] == s["input_length"]).all()
     assert (s["new_tokens"] >= 0).all()
@@ -508,12 +297,12 @@ def test_real_trace_sessions(real_sessions):
 
 def test_calibration_reproduces_the_arrival_defaults(real_sessions):
     s, _ = real_sessions
-    fit, gaps = workload.calibrate_think_time(s)
+    fit, gaps = mooncake.calibrate_think_time(s)
     cfg = ArrivalConfig()
     assert fit.truncated and fit.n_used + fit.n_nonpositive == len(gaps)
     assert fit.lognormal_mu == pytest.approx(cfg.lognormal_mu, rel=5e-4)
     assert fit.lognormal_sigma == pytest.approx(cfg.lognormal_sigma, rel=5e-4)
     assert fit.exponential_mean_s == pytest.approx(cfg.exponential_mean_s, rel=5e-4)
     assert fit.lognormal_aic < fit.exponential_aic
-    turns = workload.mooncake_turns(s)
+    turns = mooncake.mooncake_turns(s)
     assert len(turns) == len(s) and turns["think_time_s"].notna().sum() == len(gaps)

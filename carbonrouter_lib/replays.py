@@ -1,0 +1,68 @@
+"""The replays of the results notebooks (04, 05, 06): their settings and the grid of runs.
+
+A results notebook replays each dataset × region set it is given at the default scale
+(:func:`carbonrouter_lib.scale.setting`: the peak of active sessions P, the KV-memory rule) under a
+list of policies, all on the same sessions. :func:`settings` builds those settings (a workload
+and a simulation config each), :func:`setting` one of them replayed from another Monday of the
+year, :func:`specs` the :class:`~carbonrouter_lib.sweep.RunSpec` of every setting × policy (sent
+through :func:`carbonrouter_lib.sweep.run_named`), and :func:`describe` the table of their scales
+each notebook prints above its results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from carbonrouter_lib import scale
+from carbonrouter_lib.arrivals import ArrivalConfig
+from carbonrouter_lib.prepared import WorkloadConfig
+from carbonrouter_lib.setting import SimulationConfig
+from carbonrouter_lib.sweep import RunSpec
+
+__all__ = ["Setting", "setting", "settings", "specs", "describe"]
+
+#: A replay's workload and simulation configs.
+Setting = tuple[WorkloadConfig, SimulationConfig]
+
+
+def setting(dataset: str, region_set: str = "paper", peak: int | str | None = None,
+            memory: str | None = None, window_start: str | None = None,
+            **workload_fields: Any) -> Setting:
+    """:func:`carbonrouter_lib.scale.setting`, with the replay window starting at 00:00 UTC of
+    the date ``window_start`` (``YYYY-MM-DD``, 7 days as :class:`.arrivals.ArrivalConfig`'s
+    default; None: the default window). ``workload_fields`` go to
+    :class:`~carbonrouter_lib.prepared.WorkloadConfig` (seed, n_sessions, max_conversations, …)."""
+    if window_start is not None:
+        workload_fields["arrival"] = ArrivalConfig(window_start=f"{window_start}T00:00:00Z")
+    return scale.setting(dataset, region_set, peak, memory, **workload_fields)
+
+
+def settings(datasets: Sequence[str], region_sets: Sequence[str], peak: int | str | None = None,
+             memory: str | None = None, **workload_fields: Any) -> dict[tuple[str, str], Setting]:
+    """The setting of every dataset × region set, keyed ``(dataset, region_set)``, datasets
+    first: each is :func:`setting` with the same ``peak`` (None: :data:`.scale.DEFAULT_PEAK`;
+    ``"unscaled"``: every conversation once), KV-memory rule ``memory`` and workload fields."""
+    return {(ds, rs): setting(ds, rs, peak, memory, **workload_fields)
+            for ds in datasets for rs in region_sets}
+
+
+def specs(settings: Mapping[Hashable, Setting], policies: Sequence[str],
+          output: str = "records") -> dict[tuple, RunSpec]:
+    """The run of every setting × policy, keyed ``(*setting key, policy)`` (a key that is not a
+    tuple counts as a 1-tuple: ``"unscaled"`` gives ``("unscaled", policy)``), settings first,
+    policies in the order given. ``output``: what each run returns (``"records"`` or
+    ``"summary"``, :class:`~carbonrouter_lib.sweep.RunSpec`)."""
+    return {(*(key if isinstance(key, tuple) else (key,)), p):
+            RunSpec.make(wcfg, scfg, p, output=output)
+            for key, (wcfg, scfg) in settings.items() for p in policies}
+
+
+def describe(settings: Mapping[Hashable, Setting]) -> pd.DataFrame:
+    """The scale of every setting (:func:`carbonrouter_lib.scale.describe`: session-start rate,
+    copies, sessions, queries, peak P, slots per pool, KV memory), one row per setting, indexed
+    by its key (a tuple joined with ``" / "``)."""
+    return pd.DataFrame({k if isinstance(k, str) else " / ".join(k): scale.describe(*v)
+                         for k, v in settings.items()}).T
