@@ -4,6 +4,7 @@ the grid of runs."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -135,3 +136,30 @@ def test_claims_at_one_setting_follow_from_the_records():
     assert out.loc["saving over faircarbon (%)", "ours"].startswith(f"{fc:.1f} [")
     assert out.loc["P95 TTFT: SA ≤ CA ≤ CR ≤ FC ≤ GAR†", "verdict"] in ("holds", "fails")
     assert set(out["verdict"]) <= {"holds", "fails"} and len(out) == 8
+
+
+EVIDENCE = Path(__file__).resolve().parents[1] / "docs" / "evidence"
+
+
+def test_the_library_default_follows_from_the_committed_study():
+    # The full study (notebook 04b, grid="full") is hours of replay; its table is committed, and
+    # the default must be what choose_default makes of it, by the rule stated there.
+    table = pd.read_csv(EVIDENCE / "scale_full.csv")
+    recorded = pd.read_csv(EVIDENCE / "scale_full_default.csv").set_index("dataset")
+    stable = {ds: recorded.loc[ds, "stable_peak"] for ds in ("sharegpt", "mooncake")}
+    # the Mooncake trace at its own start rate: P of that replay, recorded by the notebook
+    mooncake_peak = float(recorded.loc["default", "default_peak"])
+    chosen = scale.choose_default(table, mooncake_peak=mooncake_peak).set_index("dataset")
+    assert {ds: chosen.loc[ds, "stable_peak"] for ds in stable} == stable
+    assert chosen.loc["default", "default_peak"] == scale.DEFAULT_PEAK
+    assert chosen.loc["default", "rule"] == "Mooncake start rate"
+    # …because ShareGPT's conclusions still move at its largest scale under the paper's rule
+    assert chosen.loc["sharegpt", "stable_peak"] == chosen.loc["sharegpt", "largest_peak"]
+    # the study is the grid it says it is: every run of GRIDS["full"], every policy
+    runs = table.groupby(["dataset", "region_set", "memory"])["copies"].agg(set)
+    for ds, region_sets, copies, memories in scale.GRIDS["full"]:
+        for rs in region_sets:
+            for mem in memories:
+                assert set(copies) <= runs[(ds, rs, mem)], (ds, rs, mem)
+    assert table.groupby(["dataset", "region_set", "memory", "copies"])["policy"].nunique().eq(
+        len(scale.SCALE_POLICIES)).all()
