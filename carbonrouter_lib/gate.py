@@ -665,8 +665,8 @@ def ensure_gate(
 
     With a ``workload_config`` the gate is cached (:func:`gate_path`): loaded if present, else
     trained and saved. With ``workload_config=None`` it is trained from ``table`` and not saved
-    (:func:`~carbonrouter_lib.simulator.simulate` does this for a policy given an untrained
-    learned gate). ``table`` / ``signal`` / ``backend``: the prepared workload, carbon signal and
+    (:func:`carbonrouter_lib.build.build_policy` does this when it is given no workload config).
+    ``table`` / ``signal`` / ``backend``: the prepared workload, carbon signal and
     capacity if already at hand (defaults: built from the configs).
     """
     from carbonrouter_lib.setting import backend_config
