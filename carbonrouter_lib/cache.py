@@ -55,6 +55,7 @@ from typing import Any
 
 import pandas as pd
 
+from carbonrouter_lib.datasets import derived_dir, file_sha256
 from carbonrouter_lib.outputs import atomic_path
 
 __all__ = ["FORMATS", "CacheWarning", "Entry", "canonical_json", "code_hash", "dependencies",
@@ -188,11 +189,6 @@ FORMATS: dict[str, tuple[Callable[[Any, Path], None], Callable[[Path], Any]]] = 
 }
 
 
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
 # ---- entries --------------------------------------------------------------------------------
 
 
@@ -234,7 +230,7 @@ class Entry:
             return self._broken(self.manifest, f"unreadable manifest ({exc})")
         if not self.payload.is_file():
             return self._broken(self.payload, "payload file missing")
-        if _sha256(self.payload) != sha:
+        if file_sha256(self.payload) != sha:
             actual = self.payload.stat().st_size
             return self._broken(self.payload, f"content SHA-256 differs from the manifest's "
                                               f"({actual} bytes, {size} written: truncated or "
@@ -265,7 +261,7 @@ class Entry:
         self.manifest.unlink(missing_ok=True)  # an old manifest never vouches for a new payload
         with atomic_path(self.payload) as tmp:
             (write or FORMATS[self.fmt][0])(value, tmp)
-            size, sha = tmp.stat().st_size, _sha256(tmp)
+            size, sha = tmp.stat().st_size, file_sha256(tmp)
         doc = {"key": self.key, "kind": self.kind, "file": self.payload.name, "bytes": size,
                "sha256": sha, "params": self.params, "meta": meta if meta is not None else {}}
         with atomic_path(self.manifest) as tmp:
@@ -277,8 +273,6 @@ def entry(kind: str, params: Any, *modules: str, folder: str | Path | None = Non
           fmt: str = "parquet") -> Entry:
     """The entry of ``kind`` produced from ``params`` by the code of ``modules`` (its key:
     :func:`key`), in ``folder`` (default :func:`~carbonrouter_lib.datasets.derived_dir`)."""
-    from carbonrouter_lib.datasets import derived_dir
-
     if fmt not in FORMATS:
         raise ValueError(f"cache: unknown format {fmt!r}; one of {sorted(FORMATS)}")
     folder = Path(folder) if folder is not None else derived_dir()

@@ -41,6 +41,7 @@ __all__ = [
     "derived_dir",
     "fetch",
     "mirror_dir",
+    "file_sha256",
     "sha256_of",
 ]
 
@@ -149,17 +150,19 @@ def derived_dir() -> Path:
 _HASH_MEMO: dict[tuple[str, int, int], str] = {}
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a file's bytes (hex), read now (no memo: for files that may change)."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
 def sha256_of(path: str | os.PathLike) -> str:
-    """SHA-256 of a file (hex), memoized by (path, size, mtime) within the process."""
+    """:func:`file_sha256`, memoized by (path, size, mtime) within the process."""
     path = Path(path)
     st = path.stat()
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     if key not in _HASH_MEMO:
-        digest = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-        _HASH_MEMO[key] = digest.hexdigest()
+        _HASH_MEMO[key] = file_sha256(path)
     return _HASH_MEMO[key]
 
 
