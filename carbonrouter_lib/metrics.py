@@ -33,7 +33,7 @@ tens of MB at a time (``chunk_elements``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -666,14 +666,22 @@ def _paired_ratio_draws(
             "the ratio A/B is undefined"
         )
     chunk_rows = max(1, chunk_elements // max(stat_a.width, stat_b.width, n))
+    return full_a / full_b, _ratio_draws(stat_a, stat_b, n, n_boot, seed, chunk_rows), len(ids), n
+
+
+def _ratio_draws(stat_a: Callable[[np.ndarray], np.ndarray],
+                 stat_b: Callable[[np.ndarray], np.ndarray], n: int, n_boot: int,
+                 seed: int | np.random.Generator, chunk_rows: int) -> np.ndarray:
+    """``n_boot`` draws of stat_a / stat_b, each statistic a function of a (rows, n) matrix of
+    resampling multiplicities of the n units (:func:`bootstrap_counts`, ``chunk_rows`` rows at
+    a time). The same multiplicities for A and B: this is what makes the bootstrap paired."""
     draws = np.empty(n_boot)
     start = 0
-    # The same multiplicities for A and B: this is what makes the bootstrap paired.
     for counts in bootstrap_counts(n, n_boot, seed, chunk_rows):
         with np.errstate(divide="ignore", invalid="ignore"):
             draws[start : start + len(counts)] = stat_a(counts) / stat_b(counts)
         start += len(counts)
-    return full_a / full_b, draws, len(ids), n
+    return draws
 
 
 def _percentile_ci(estimate: float, draws: np.ndarray, ci: float, n_sessions: int,
@@ -1098,12 +1106,8 @@ def paired_saving_ci_sums(
     n = len(a)
     if b.sum() == 0:
         raise ValueError(f"sum of {metric!r} is 0 for B: the saving is undefined")
-    draws = np.empty(n_boot)
-    start = 0
-    for counts in bootstrap_counts(n, n_boot, seed, max(1, (1 << 22) // max(n, 1))):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            draws[start : start + len(counts)] = (counts @ a) / (counts @ b)
-        start += len(counts)
+    draws = _ratio_draws(lambda counts: counts @ a, lambda counts: counts @ b, n, n_boot, seed,
+                         max(1, (1 << 22) // max(n, 1)))
     est = float(a.sum() / b.sum())
     return _percentile_ci(100.0 * (1.0 - est), 100.0 * (1.0 - draws), ci,
                           int(sums_a["n_sessions"].sum()), n)
