@@ -167,9 +167,7 @@ def _records(rec: dict[str, np.ndarray], table: pd.DataFrame, deps: Deployments,
         "session": table["session"].to_numpy(np.int64)[row],
         "turn": table["turn"].to_numpy(np.int64)[row],
         "n_turns": table["n_turns"].to_numpy(np.int64)[row],
-        # a rejected query never completes: NaN, not its dispatch time
-        "deployment": dep, "dispatch_s": rec["dispatch_s"],
-        "completion_s": np.where(served, rec["completion_s"], np.nan),
+        "deployment": dep, "dispatch_s": rec["dispatch_s"], "completion_s": rec["completion_s"],
         # a rejected query's history is counted in the 70B's tokens
         "history_tokens": np.where(served, n_hist, hist[row, big]),
         "cached_tokens": cached, "energy_kwh": energy, "carbon_g": ci * energy,
@@ -367,8 +365,9 @@ def simulate(
         if cand.rejected:
             if time_decisions:
                 dec_ns[j] = perf_counter_ns() - t_dec
-            # (columns start zeroed: only the nonzero values are written)
-            c_dep[j], c_compl[j], c_ttft[j] = -1, t, math.nan
+            # (columns start zeroed: only the nonzero values are written). A rejected query
+            # never completes; its session goes on from the instant of the rejection.
+            c_dep[j], c_compl[j], c_ttft[j] = -1, math.nan, math.nan
             c_rej[j] = True
             heappush(events, (t, i))
         else:
