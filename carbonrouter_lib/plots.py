@@ -105,10 +105,10 @@ def bars_with_paper(
         low, high = ci
         ax.errorbar(x, heights, yerr=[heights - low, high - heights], fmt="none", color="black",
                     capsize=3)
-    if paper is not None:
+    if paper is not None:  # one mark per bar, each right after the bars (figures' order)
         for xi, value in zip(x, paper, strict=True):
             if not pd.isna(value):
-                ax.plot(xi, value, "k_", markersize=markersize, mew=2)
+                paper_marks(ax, [xi], [value], markersize)
 
 
 def paper_marks(ax: Axes, x: Any, paper: Sequence[float] | None, markersize: float = 18) -> None:
