@@ -349,7 +349,7 @@ def choose_default(
     ``mooncake_peak`` (P of the Mooncake trace's own session-start rate) if that is smaller.
     One row per dataset (``stable_copies``, ``stable_peak``, ``strict_peak``,
     ``max_change_last_doubling_pp``) and a final row ``dataset == "default"`` with
-    ``default_peak`` and the ``rule`` that set it.
+    ``default_peak``, the ``rule`` that set it and the ``mooncake_peak`` it was given.
     """
     rows = []
     for ds in datasets:
@@ -371,7 +371,7 @@ def choose_default(
     if mooncake_peak is not None and mooncake_peak < stable:
         default, rule = float(mooncake_peak), "Mooncake start rate"
     final = {"dataset": "default", "default_peak": int(round(default / 10.0) * 10),
-             "rule": rule}
+             "rule": rule, "mooncake_peak": mooncake_peak}
     return pd.concat([out, pd.DataFrame([final])], ignore_index=True)
 
 

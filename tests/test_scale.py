@@ -147,8 +147,9 @@ def test_the_library_default_follows_from_the_committed_study():
     table = pd.read_csv(EVIDENCE / "scale_full.csv")
     recorded = pd.read_csv(EVIDENCE / "scale_full_default.csv").set_index("dataset")
     stable = {ds: recorded.loc[ds, "stable_peak"] for ds in ("sharegpt", "mooncake")}
-    # the Mooncake trace at its own start rate: P of that replay, recorded by the notebook
-    mooncake_peak = float(recorded.loc["default", "default_peak"])
+    # the Mooncake trace at its own start rate: P of that replay (a 2M-query table), recorded
+    mooncake_peak = float(recorded.loc["default", "mooncake_peak"])
+    assert mooncake_peak != recorded.loc["default", "default_peak"]  # the input, not the answer
     chosen = scale.choose_default(table, mooncake_peak=mooncake_peak).set_index("dataset")
     assert {ds: chosen.loc[ds, "stable_peak"] for ds in stable} == stable
     assert chosen.loc["default", "default_peak"] == scale.DEFAULT_PEAK
