@@ -4,12 +4,14 @@ the grid of runs."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from carbonrouter_lib import prepared, scale
+from carbonrouter_lib.paper import TABLE1
 from carbonrouter_lib.setting import SimulationConfig
 
 POLICIES = ["session-affinity", "carbon-affinity", "gar", "faircarbon", "carbonrouter-no-gate"]
@@ -164,3 +166,36 @@ def test_the_library_default_follows_from_the_committed_study():
                 assert set(copies) <= runs[(ds, rs, mem)], (ds, rs, mem)
     assert table.groupby(["dataset", "region_set", "memory", "copies"])["policy"].nunique().eq(
         len(scale.SCALE_POLICIES)).all()
+
+
+def _numbers(cell: str) -> list[float]:
+    return [float(x.replace("−", "-")) for x in re.findall(r"[+−-]?\d+\.\d+", cell)]
+
+
+def test_the_readme_scale_table_is_the_committed_study():
+    # The README types the study's numbers; they must be what the study computed (ShareGPT,
+    # paper regions), and the paper's row what paper.TABLE1 holds.
+    t = pd.read_csv(EVIDENCE / "scale_full.csv")
+    t = t[(t.dataset == "sharegpt") & (t.region_set == "paper")].set_index(
+        ["memory", "peak_sessions", "policy"])
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = [line.split("|")[1:-1] for line in readme.splitlines()
+            if re.match(r"^\| (\d[\d,]*|paper) \|", line)]
+    assert [r[0].strip() for r in rows] == ["40", "126", "407", "771", "1,481", "paper"]
+    order = ["carbon-affinity", "gar", "faircarbon", "carbonrouter-no-gate"]
+    for cells in rows[:-1]:
+        p = float(cells[0].replace(",", ""))
+        for memory, ratios, saving in (("paper", 1, 2), ("paper x10", 3, 4), ("hardware", None, 5)):
+            if ratios is not None:
+                expected = [round(t.loc[(memory, p, q), "co2_rel"], 3) for q in order]
+                assert _numbers(cells[ratios]) == pytest.approx(expected, abs=1e-9), (p, memory)
+            if (memory, p, "carbon-affinity") not in t.index:
+                assert cells[saving].strip() == "—"
+                continue
+            r = t.loc[(memory, p, "carbon-affinity")]
+            expected = [round(r[c], 1) for c in ("saving_pct", "ci_low_pct", "ci_high_pct")]
+            assert _numbers(cells[saving]) == pytest.approx(expected, abs=1e-9), (p, memory)
+    sg = TABLE1[TABLE1["dataset"] == "ShareGPT"].set_index("policy")
+    assert _numbers(rows[-1][1]) == [sg.loc[q, "co2_rel"] for q in
+                                     ["carbon-affinity", "gar", "faircarbon", "carbonrouter"]]
+    assert _numbers(rows[-1][2]) == [sg.loc["carbon-affinity", "saving_pct"]]
