@@ -34,8 +34,10 @@ POLICIES = ("session-affinity", "carbon-affinity", "gar", "faircarbon", "carbonr
             "carbonrouter")
 
 
-def child(table_path: str, policy: str, repeats: int, cpu: int) -> dict:
-    """Runs in the measured process: load, (train the gate,) replay ``repeats`` times."""
+def child(table_path: str, policy: str, repeats: int, cpu: int, engine: str) -> dict:
+    """Runs in the measured process: load, (train the gate,) warm up (the compiled loop is
+    compiled, or loaded from Numba's cache, on a first small replay: ``warmup_s``), replay
+    ``repeats`` times with ``engine``."""
     os.sched_setaffinity(0, {cpu})
     import resource
     import statistics
@@ -59,13 +61,21 @@ def child(table_path: str, policy: str, repeats: int, cpu: int) -> dict:
         gate = gates.train_gate(opps)
         out.update(labelling_s=t1 - t0, fit_s=time.perf_counter() - t1,
                    opportunities=len(opps))
+    first = table[table["session"] < table["session"].iloc[min(len(table) - 1, 2000)]]
+    policy_obj = make_policy(policy)
+    if gate is not None:
+        policy_obj.set_gate(gate)
+    t0 = time.perf_counter()
+    simulator.simulate(first, policy_obj, config, signal=signal, engine=engine)
+    out["warmup_s"] = time.perf_counter() - t0
+    out["engine"] = engine
     walls = []
     for _ in range(repeats):
         policy_obj = make_policy(policy)
         if gate is not None:
             policy_obj.set_gate(gate)
         t0 = time.perf_counter()
-        simulator.simulate(table, policy_obj, config, signal=signal)
+        simulator.simulate(table, policy_obj, config, signal=signal, engine=engine)
         walls.append(time.perf_counter() - t0)
     out["median_wall_s"] = statistics.median(walls)
     out["queries_per_s"] = len(table) / out["median_wall_s"]
@@ -82,12 +92,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repo", default=str(REPO), help="checkout whose code is timed")
     parser.add_argument("--label", default=None, help="suffix of the results table")
     parser.add_argument("--cpu", type=int, default=None, help="core to pin the replays to")
-    parser.add_argument("--child", nargs=4, metavar=("TABLE", "POLICY", "REPEATS", "CPU"),
+    parser.add_argument("--engine", default="auto", choices=("auto", "python", "compiled"),
+                        help="simulate's engine (auto: the compiled loop where it applies)")
+    parser.add_argument("--child", nargs=5, metavar=("TABLE", "POLICY", "REPEATS", "CPU", "ENGINE"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        table, policy, repeats, cpu = args.child
-        print(json.dumps(child(table, policy, int(repeats), int(cpu))))
+        table, policy, repeats, cpu, engine = args.child
+        print(json.dumps(child(table, policy, int(repeats), int(cpu), engine)))
         return
 
     import pandas as pd
@@ -111,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
             del table
             for policy in args.policies:
                 cmd = [sys.executable, __file__, "--child", str(path), policy, str(repeats),
-                       str(cpu)]
+                       str(cpu), args.engine]
                 done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
                 if done.returncode != 0:
                     raise RuntimeError(f"{policy} at {k:g} copies failed:\n{done.stderr[-3000:]}")

@@ -491,6 +491,34 @@ class LearnedGate:
             forest = self._forests[fold] = _Forest(self.boosters[fold])
         return forest.predict(z)
 
+    def compiled(self, conversations: np.ndarray) -> dict[str, np.ndarray]:
+        """The gate for the compiled replay loop (:func:`carbonrouter_lib.kernel.rule`'s
+        parameters): the fold of each session's conversation, δ_f per fold and every fold's
+        trees (:class:`_Forest`'s arrays, padded to the largest)."""
+        forests = [_Forest(b) for b in self.boosters]
+        width = max(len(f._left) for f in forests)
+        trees = max(len(f._offset) for f in forests)
+        n_f = len(forests)
+        out = {"fold": conversation_folds(conversations, self.training.folds,
+                                          self.training.seed).astype(np.int64),
+               "fold_delta": np.array(self.deltas, np.float64),
+               "f_left": np.zeros((n_f, width), np.int64),
+               "f_right": np.zeros((n_f, width), np.int64),
+               "f_feature": np.zeros((n_f, width), np.int64),
+               "f_threshold": np.zeros((n_f, width), np.float32),
+               "f_default_left": np.zeros((n_f, width), np.bool_),
+               "f_tree_start": np.zeros((n_f, trees), np.int64),
+               "f_n_trees": np.array([len(f._offset) for f in forests], np.int64),
+               "f_depth": np.array([f.depth for f in forests], np.int64),
+               "f_base": np.array([f.base for f in forests], np.float32)}
+        for k, f in enumerate(forests):
+            m = len(f._left)
+            out["f_left"][k, :m], out["f_right"][k, :m] = f._left, f._right
+            out["f_feature"][k, :m], out["f_threshold"][k, :m] = f._feature, f._threshold
+            out["f_default_left"][k, :m] = f._default_left
+            out["f_tree_start"][k, :len(f._offset)] = f._offset
+        return out
+
     def __call__(self, ctx: QueryContext, cand: Candidates, g: int, b: int) -> float:
         delta = self.deltas[self.fold_of(ctx.conversation)]
         if delta == math.inf:

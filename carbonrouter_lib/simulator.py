@@ -19,7 +19,7 @@ from time import perf_counter_ns
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import cost, prepared
+from carbonrouter_lib import cost, kernel, prepared
 from carbonrouter_lib.backend import Backend, BackendConfig
 from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.deployments import Deployments
@@ -191,6 +191,7 @@ def simulate(
     progress: bool = False,
     time_decisions: bool = False,
     profiles=None,
+    engine: str = "auto",
 ) -> SimulationResult:
     """Replay the prepared workload ``table`` under ``policy`` (docs/model.md §4–§7).
 
@@ -223,6 +224,13 @@ def simulate(
         Profiles of one's own in place of ``config``'s (a DataFrame, a CSV path or a
         :class:`~carbonrouter_lib.profiles.ProfileTable`; see :attr:`SimulationConfig.profiles`):
         the replay and its capacity use them. None: ``config``'s.
+    engine
+        ``"auto"`` (default): the compiled loop (:mod:`carbonrouter_lib.kernel`) for the
+        built-in policies it knows (Session-Affinity, Carbon-Affinity, GAR†, FairCarbon,
+        CarbonRouter without a gate or with its learned gate), the Python loop otherwise and
+        with ``time_decisions``. ``"python"``: always the Python loop (the reference; any
+        policy and its hooks). ``"compiled"``: the compiled loop, or ``ValueError`` when it
+        cannot replay the policy. Both give identical records and counters.
 
     Returns
     -------
@@ -232,11 +240,19 @@ def simulate(
 
     Notes
     -----
-    Speed: the per-query path is scalar Python over lists and typed arrays plus a few numpy
-    calls over the n deployments; what does not depend on dispatch is computed for all queries
-    at once (:class:`carbonrouter_lib.policies.QueryBatch`). ``benchmarks/bench_simulator.py``
-    measures it.
+    Speed: what does not depend on dispatch is computed for all queries at once
+    (:class:`carbonrouter_lib.policies.QueryBatch`); the per-query path is either compiled
+    (``engine``) or scalar Python over lists and typed arrays plus a few numpy calls over the n
+    deployments. ``benchmarks/bench_simulator.py`` and ``benchmarks/bench_scale.py`` measure it.
+    After a compiled replay a policy's per-session counters (CarbonRouter's ``opportunities``
+    and ``blocked``) are those the Python loop leaves; its ``last_*`` attributes are not set.
     """
+    if engine not in ("auto", "python", "compiled"):
+        raise ValueError(f"simulate: engine must be 'auto', 'python' or 'compiled', got "
+                         f"{engine!r}")
+    if engine == "compiled" and time_decisions:
+        raise ValueError("simulate: time_decisions times the Python loop's decisions; use "
+                         "engine='auto' or 'python'")
     config = setting(config, signal, profiles)
     policy = make_policy(policy) if isinstance(policy, str) else policy
     if not isinstance(policy, Policy):
@@ -281,6 +297,20 @@ def simulate(
     # Everything of Eq. 4–7 that does not depend on dispatch, for all queries at once.
     conversation = prepared.conversation_codes(table)
     batch = QueryBatch(deps, new, hist, est, qual, constraints, conversation=conversation)
+    spec = None
+    if engine != "python" and not time_decisions:
+        spec = policy.compiled(session[first_row], conversation[first_row],
+                               len(deps.regions))
+        if spec is None and engine == "compiled":
+            raise ValueError(f"simulate: the compiled loop cannot replay {policy!r} (it knows "
+                             f"{sorted(kernel.CODES)} and CarbonRouter's learned gate); use "
+                             f"engine='python'")
+    if spec is not None:
+        rec, counters = _replay_compiled(spec, table, deps, batch, signal, be, backend_cfg,
+                                         constraints, new, hist, out, est, qual, first_row,
+                                         policy, progress)
+        return _result(rec, table, deps, batch, signal, new, hist, out, qual, conversation,
+                       policy, backend_cfg, counters, None)
     ctx, cand = QueryContext(deps), Candidates(deps.n)
     ctx.backend, ctx.signal = be, signal
 
@@ -407,6 +437,77 @@ def simulate(
         raise RuntimeError(f"replay dispatched {done} of {n} queries")
 
     rec = {name: np.frombuffer(cols[name], dtype=dtype) for name, dtype, _ in _LOOP_FIELDS}
+    return _result(rec, table, deps, batch, signal, new, hist, out, qual, conversation, policy,
+                   backend_cfg, be.counters(), dec_ns)
+
+
+def _replay_compiled(spec: dict, table: pd.DataFrame, deps: Deployments, batch: QueryBatch,
+                     signal: CarbonSignal, be: Backend, backend_cfg: BackendConfig,
+                     constraints, new: np.ndarray, hist: np.ndarray, out: np.ndarray,
+                     est: np.ndarray, qual: np.ndarray, first_row: np.ndarray, policy: Policy,
+                     progress: bool) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """The replay by :mod:`carbonrouter_lib.kernel`: the loop columns and the backend's
+    counters (the same as the Python loop's)."""
+    n = len(table)
+    turn = table["turn"].to_numpy(np.int64)
+    arrival = table["arrival_s"].to_numpy(np.float64)
+    # Sessions numbered 0, 1, … in row order: rows are grouped by session with ids ascending
+    # (check_table), so the numbering keeps the order of ids the backend breaks ties by.
+    dense = np.cumsum(turn == 0) - 1
+    first_order = np.lexsort((first_row, arrival[first_row]))
+    rec = {name: np.zeros(n, dtype) for name, dtype, _ in _LOOP_FIELDS}
+    counters = np.zeros(len(kernel.COUNTERS), np.int64)
+    span_lo, span_hi = signal._span_s
+    arrays = dict(
+        sess=dense, turn=turn, n_turns=table["n_turns"].to_numpy(np.int64),
+        think=table["think_s"].to_numpy(np.float64), n_sessions=len(first_row),
+        new_f=np.ascontiguousarray(new).ravel(), hist_f=np.ascontiguousarray(hist).ravel(),
+        out_f=np.ascontiguousarray(out).ravel(), est_f=np.ascontiguousarray(est).ravel(),
+        qual=np.ascontiguousarray(qual), n_m=new.shape[1],
+        arr_t=arrival[first_row][first_order], arr_row=first_row[first_order].astype(np.int64),
+        e_base=batch.energy_base, e_unc=batch.energy_uncached, ok_all=batch.ok,
+        fast_all=batch.fast, block=batch.block,
+        model=deps.model.astype(np.int64), pool=np.asarray(deps.pool, np.int64),
+        region=deps.region.astype(np.int64), gpu=deps.gpu.astype(np.int64),
+        v_pre=deps.v_pre.astype(np.float64), v_dec=deps.v_dec.astype(np.float64),
+        de=(deps.e_in - deps.e_cache).astype(np.float64), n_regions=len(deps.regions),
+        n_pools=deps.n_pools, d_ttft=float(constraints.d_ttft_s),
+        slots=backend_cfg.slots_per_pool, kvp_of=be.kv_pool_of(), kv_cap=be.kv_capacities(),
+        ttl=backend_cfg.ttl_s,
+        sig_t=signal._t_s, sig_v=signal._values, span_lo=float(span_lo), span_hi=float(span_hi),
+        **spec,
+        **{f"c_{k}": rec[name] for k, name in zip(
+            ("row", "dep", "disp", "compl", "cached", "ttft", "be", "rej", "switch", "opp",
+             "block"), (f[0] for f in _LOOP_FIELDS), strict=True)},
+        counters=counters,
+    )
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=n, desc=f"replay {policy.name} (compiled)", unit="query")
+    status, t = kernel.replay(arrays)
+    if status == 1:
+        signal.row_index(t)  # raises the signal's own error, naming the time and the coverage
+        raise RuntimeError(f"the compiled replay stopped at t = {t} s")
+    if bar is not None:
+        bar.update(n)
+        bar.close()
+    if spec["code"] == kernel.CODES["carbonrouter"]:
+        # the per-session counters the Python loop's CarbonRouter keeps
+        sessions = table["session"].to_numpy(np.int64)[rec["row"]]
+        for name, col in (("opportunities", "switch_opportunity"), ("blocked", "gate_blocked")):
+            ids, counts = np.unique(sessions[rec[col]], return_counts=True)
+            getattr(policy, name).update(zip(ids.tolist(), counts.tolist(), strict=True))
+    return rec, dict(zip(kernel.COUNTERS, counters.tolist(), strict=True))
+
+
+def _result(rec: dict[str, np.ndarray], table: pd.DataFrame, deps: Deployments,
+            batch: QueryBatch, signal: CarbonSignal, new: np.ndarray, hist: np.ndarray,
+            out: np.ndarray, qual: np.ndarray, conversation: np.ndarray, policy: Policy,
+            backend_cfg: BackendConfig, counters: dict[str, int],
+            dec_ns: np.ndarray | None) -> SimulationResult:
+    """The records and provenance of a replay from the loop's columns."""
     records = _records(rec, table, deps, batch, signal, new, hist, out, qual)
     order = rec["row"]
     dep = rec["deployment"]
@@ -421,5 +522,5 @@ def simulate(
     records["conversation"] = conversation[order]
     records.insert(0, "policy", policy.name)
     return SimulationResult(records=records, policy=policy.name, params=policy.params(),
-                            backend=backend_cfg.to_dict(), counters=be.counters(),
+                            backend=backend_cfg.to_dict(), counters=counters,
                             decision_ns=dec_ns)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from carbonrouter_lib import kernel
 from carbonrouter_lib.policies.base import Candidates, Policy, QueryContext
 
 __all__ = ["SessionAffinity", "CarbonAffinity"]
@@ -29,6 +30,10 @@ class SessionAffinity(Policy):
         if b >= 0 and cand.mask[b]:
             return b
         return self.bind(ctx, cand)
+
+    def compiled(self, sessions: np.ndarray, conversations: np.ndarray,
+                 n_regions: int) -> dict | None:
+        return kernel.rule(self.name) if type(self) is SessionAffinity else None
 
     @staticmethod
     def bind(ctx: QueryContext, cand: Candidates) -> int:
@@ -53,3 +58,7 @@ class CarbonAffinity(Policy):
         if b >= 0 and ctx.cached[b] > 0 and cand.mask[b]:
             return b
         return cand.argmin(cand.carbon)
+
+    def compiled(self, sessions: np.ndarray, conversations: np.ndarray,
+                 n_regions: int) -> dict | None:
+        return kernel.rule(self.name) if type(self) is CarbonAffinity else None

@@ -819,6 +819,15 @@ class Policy:
         """The policy's parameters (JSON-friendly), recorded with results."""
         return {}
 
+    def compiled(self, sessions: np.ndarray, conversations: np.ndarray,
+                 n_regions: int) -> dict | None:
+        """The policy's rule for the compiled replay loop (:func:`carbonrouter_lib.kernel.rule`),
+        or None (default): the Python loop replays it. ``sessions``: the replay's session ids in
+        order; ``conversations``: each session's conversation; ``n_regions``: regions of the
+        setting. Only the built-in policies have one, and only their own class (a subclass may
+        change ``choose``)."""
+        return None
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
         return f"{type(self).__name__}({args})"

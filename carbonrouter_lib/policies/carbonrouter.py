@@ -28,6 +28,9 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
+import numpy as np
+
+from carbonrouter_lib import kernel
 from carbonrouter_lib.policies.base import Candidates, Policy, QueryContext
 
 __all__ = ["LEARNED", "ORACLE", "Gate", "CarbonRouter", "CarbonRouterNoGate",
@@ -150,6 +153,20 @@ class CarbonRouter(Policy):
                 else getattr(self.gate, "name", repr(self.gate)))
         return {"delta": self.delta, "gate": gate, "pricing": self.pricing,
                 "gate_training": self.gate_training}
+
+    def compiled(self, sessions: np.ndarray, conversations: np.ndarray,
+                 n_regions: int) -> dict | None:
+        """The compiled rule without a gate, or with a gate that compiles itself (the learned
+        gate: ``gate.compiled(conversations)``); None for another gate (the Python loop)."""
+        if type(self) not in (CarbonRouter, CarbonRouterNoGate, CarbonRouterNoPricing):
+            return None
+        params = {"pricing": self.pricing, "gated": self._gated, "delta": self.delta}
+        if self._gated:
+            compile_gate = getattr(self.gate, "compiled", None)
+            if compile_gate is None:
+                return None
+            params.update(compile_gate(conversations))
+        return kernel.rule("carbonrouter", **params)
 
     def propose(self, cand: Candidates) -> int:
         """g: the lowest estimated carbon among the candidates (cache-aware unless

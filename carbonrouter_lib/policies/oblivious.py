@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from carbonrouter_lib import kernel
 from carbonrouter_lib.policies.base import Candidates, Policy, QueryContext
 
 __all__ = ["FairCarbon", "GARDagger"]
@@ -26,6 +27,10 @@ class FairCarbon(Policy):
 
     def choose(self, ctx: QueryContext, cand: Candidates) -> int:
         return cand.argmin(cand.carbon_base)
+
+    def compiled(self, sessions: np.ndarray, conversations: np.ndarray,
+                 n_regions: int) -> dict | None:
+        return kernel.rule(self.name) if type(self) is FairCarbon else None
 
 
 class GARDagger(Policy):
@@ -86,3 +91,10 @@ class GARDagger(Policy):
 
     def on_session_end(self, session: int) -> None:
         self.home.pop(session, None)
+
+    def compiled(self, sessions: np.ndarray, conversations: np.ndarray,
+                 n_regions: int) -> dict | None:
+        if type(self) is not GARDagger:
+            return None
+        draws = np.array([self.draw_region(int(s), n_regions) for s in sessions], np.int64)
+        return kernel.rule(self.name, home_draw=draws)

@@ -1,0 +1,717 @@
+"""The replay loop compiled with Numba, for the built-in policies (docs/model.md §4–§7).
+
+:func:`carbonrouter_lib.simulator.simulate` replays a workload event by event: Python objects for
+the backend (:class:`~carbonrouter_lib.backend.Backend`), the context and candidates
+(:mod:`carbonrouter_lib.policies.base`) and the policy's ``choose``. That path is the
+*reference*: any policy, any hook, decision timing. This module is the same loop — the event
+order, the backend's slots, KV pools, eviction, expiry and overflow, the feasibility step of Eq. 7
+and the decision rules of Session-Affinity, Carbon-Affinity, GAR†, FairCarbon and CarbonRouter
+(with or without pricing; no gate, or the learned XGBoost gate as arrays) — written over arrays
+and compiled, one call per replay. ``simulate`` uses it for those policies (``engine="auto"``)
+and the Python loop for everything else.
+
+Equivalence, not approximation: every quantity is computed with the same IEEE-754 operations in
+the same order as the reference (Numba compiles without fast-math, so nothing is reassociated or
+fused), every tie is broken the same way, and the caches' eviction order is the backend's
+(departed sessions' caches first; least recently used first; exact ties by session id, then
+deployment index). ``tests/test_kernel.py`` checks that both engines give identical records and
+backend counters for every supported policy, under the shared and the per-deployment KV rules,
+with tight memory (eviction and overflow), a short TTL (expiry), rejections and best-effort
+queries.
+
+The backend's state, as arrays: a cache is a record (tokens, last use, pinned, version) reached
+from ``rec_of[session, deployment]`` (sessions numbered 0, 1, … in id order, so the numbering
+keeps the order of ids). The LRU order of each KV pool's live caches and the expiry order are
+doubly linked lists of entries (appended at completion, with the backend's rule for exact ties),
+the departed sessions' caches a binary heap per KV pool; stale entries are skipped lazily, as the
+backend does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+from numba.typed import List
+
+__all__ = ["CODES", "COUNTERS", "replay", "rule"]
+
+#: Policy codes of the compiled decision rules.
+CODES = {"session-affinity": 0, "carbon-affinity": 1, "faircarbon": 2, "gar": 3,
+         "carbonrouter": 4}
+#: Backend counters, in the order :func:`replay` returns them (Backend.counters()'s keys).
+COUNTERS = ("evicted_tokens", "evicted_caches", "expired_tokens", "expired_caches",
+            "kv_overflow_events", "kv_overflow_tokens", "dispatches", "released_caches",
+            "released_tokens")
+_HOUR_S = 3600.0
+
+
+# ---------------------------------------------------------------------------------------------
+# event heap: (time, key) pairs, lexicographic
+# ---------------------------------------------------------------------------------------------
+
+@njit(cache=True, inline="always")
+def _less(t1, k1, t2, k2):
+    return t1 < t2 or (t1 == t2 and k1 < k2)
+
+
+@njit(cache=True)
+def _hpush(ht, hk, size, t, k):
+    i = size
+    while i > 0:
+        parent = (i - 1) >> 1
+        if _less(t, k, ht[parent], hk[parent]):
+            ht[i], hk[i] = ht[parent], hk[parent]
+            i = parent
+        else:
+            break
+    ht[i], hk[i] = t, k
+    return size + 1
+
+
+@njit(cache=True)
+def _hpop(ht, hk, size):
+    """Remove the smallest (it is at index 0); returns the new size."""
+    size -= 1
+    t, k = ht[size], hk[size]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= size:
+            break
+        if c + 1 < size and _less(ht[c + 1], hk[c + 1], ht[c], hk[c]):
+            c += 1
+        if _less(ht[c], hk[c], t, k):
+            ht[i], hk[i] = ht[c], hk[c]
+            i = c
+        else:
+            break
+    if size > 0:
+        ht[i], hk[i] = t, k
+    return size
+
+
+# ---------------------------------------------------------------------------------------------
+# cache-entry order: (f_last, session, deployment, version)
+# ---------------------------------------------------------------------------------------------
+
+@njit(cache=True, inline="always")
+def _key_gt3(ef, es, ea, i, f, s, a):
+    """Entry i's (f_last, session, deployment) > (f, s, a)."""
+    if ef[i] != f:
+        return ef[i] > f
+    if es[i] != s:
+        return es[i] > s
+    return ea[i] > a
+
+
+@njit(cache=True)
+def _append_sorted(head, tail, nxt, prv, q, e, ef, es, ea):
+    """Append entry e to list q (heads/tails per list), after the last entry whose (f_last,
+    session, deployment) is ≤ e's (completions come in time order: only exact ties in f_last
+    walk back) — the backend's ``_append_sorted``."""
+    f, s, a = ef[e], es[e], ea[e]
+    cur = tail[q]
+    while cur != -1 and _key_gt3(ef, es, ea, cur, f, s, a):
+        cur = prv[cur]
+    if cur == -1:  # at the head
+        nxt[e] = head[q]
+        prv[e] = -1
+        if head[q] != -1:
+            prv[head[q]] = e
+        else:
+            tail[q] = e
+        head[q] = e
+    else:
+        nxt[e] = nxt[cur]
+        prv[e] = cur
+        if nxt[cur] != -1:
+            prv[nxt[cur]] = e
+        else:
+            tail[q] = e
+        nxt[cur] = e
+
+
+@njit(cache=True)
+def _popleft(head, tail, nxt, prv, q):
+    e = head[q]
+    h = nxt[e]
+    head[q] = h
+    if h == -1:
+        tail[q] = -1
+    else:
+        prv[h] = -1
+
+
+@njit(cache=True, inline="always")
+def _dlt(df, ds, da, dv, i, j):
+    """Departed entry i < entry j in (f_last, session, deployment, version)."""
+    if df[i] != df[j]:
+        return df[i] < df[j]
+    if ds[i] != ds[j]:
+        return ds[i] < ds[j]
+    if da[i] != da[j]:
+        return da[i] < da[j]
+    return dv[i] < dv[j]
+
+
+@njit(cache=True)
+def _dpush(heap, size, e, df, ds, da, dv):
+    i = size
+    while i > 0:
+        parent = (i - 1) >> 1
+        if _dlt(df, ds, da, dv, e, heap[parent]):
+            heap[i] = heap[parent]
+            i = parent
+        else:
+            break
+    heap[i] = e
+    return size + 1
+
+
+@njit(cache=True)
+def _dpop(heap, size, df, ds, da, dv):
+    size -= 1
+    e = heap[size]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= size:
+            break
+        if c + 1 < size and _dlt(df, ds, da, dv, heap[c + 1], heap[c]):
+            c += 1
+        if _dlt(df, ds, da, dv, heap[c], e):
+            heap[i] = heap[c]
+            i = c
+        else:
+            break
+    if size > 0:
+        heap[i] = e
+    return size
+
+
+# ---------------------------------------------------------------------------------------------
+# the learned gate's trees
+# ---------------------------------------------------------------------------------------------
+
+@njit(cache=True)
+def _forest(f, z, left, right, feature, threshold, default_left, tree_start, n_trees, depth,
+            base):
+    """The fold-f forest's prediction for z (float64 features): gate._Forest.predict's
+    arithmetic — float32 features and thresholds, ``x < t`` left, NaN the default direction,
+    leaves summed in float32 in tree order onto the base score."""
+    acc = base[f]
+    for t in range(n_trees[f]):
+        node = tree_start[f, t]
+        for _ in range(depth[f]):
+            v = np.float32(z[feature[f, node]])
+            if np.isnan(v):
+                go_left = default_left[f, node]
+            else:
+                go_left = v < threshold[f, node]
+            node = left[f, node] if go_left else right[f, node]
+        acc = np.float32(acc + threshold[f, node])
+    return float(acc)
+
+
+# ---------------------------------------------------------------------------------------------
+# the replay
+# ---------------------------------------------------------------------------------------------
+
+@njit(cache=True)
+def _remove(r, rec_of, rec_s, rec_a, rec_tok, used, kvp_of):
+    used[kvp_of[rec_a[r]]] -= rec_tok[r]
+    rec_of[rec_s[r], rec_a[r]] = -1
+
+
+@njit(cache=True)
+def _valid(s, a, ver, rec_of, rec_ver, rec_pin):
+    r = rec_of[s, a]
+    if r == -1 or rec_ver[r] != ver or rec_pin[r]:
+        return -1
+    return r
+
+
+@njit(cache=True)
+def _replay(
+    sess, turn, n_turns, think, n_sessions, new_f, hist_f, out_f, est_f, qual, n_m,
+    arr_t, arr_row,
+    e_base, e_unc, ok_all, fast_all, block,
+    model, pool, region, gpu, v_pre, v_dec, de, n_regions, n_pools, d_ttft,
+    slots, kvp_of, kv_cap, ttl,
+    sig_t, sig_v, span_lo, span_hi,
+    code, pricing, gated, delta, home_draw, fold, fold_delta,
+    f_left, f_right, f_feature, f_threshold, f_default_left, f_tree_start, f_n_trees, f_depth,
+    f_base,
+    c_row, c_dep, c_disp, c_compl, c_cached, c_ttft, c_be, c_rej, c_switch, c_opp, c_block,
+    counters,
+):
+    """The loop of simulator.simulate over arrays (see the module). Writes the loop columns
+    (c_*) and counters; returns (status, time): status 0 done, 1 the carbon signal does not
+    cover ``time``."""
+    n = len(sess)
+    nd = len(model)
+    n_kv = len(kv_cap)
+    inf = math.inf
+
+    # backend state
+    rec_of = np.full((n_sessions, nd), -1, np.int32)
+    rec_s = np.empty(n + 1, np.int64)
+    rec_a = np.empty(n + 1, np.int64)
+    rec_tok = np.empty(n + 1, np.int64)
+    rec_f = np.empty(n + 1, np.float64)
+    rec_pin = np.empty(n + 1, np.bool_)
+    rec_ver = np.empty(n + 1, np.int64)
+    n_rec = 0
+    version = 0
+    now = -inf
+    holder = np.full(n_sessions, -1, np.int64)
+    departed = np.zeros(n_sessions, np.bool_)
+    free = np.full(n_pools, slots, np.int64)
+    open_ = np.ones(nd, np.bool_)
+    used = np.zeros(n_kv, np.int64)
+    # queue entries (one per completion with tokens > 0): live LRU list per KV pool + expiry list
+    ef = np.empty(n + 1, np.float64)
+    es = np.empty(n + 1, np.int64)
+    ea = np.empty(n + 1, np.int64)
+    ev = np.empty(n + 1, np.int64)
+    l_nxt = np.empty(n + 1, np.int64)
+    l_prv = np.empty(n + 1, np.int64)
+    x_nxt = np.empty(n + 1, np.int64)
+    x_prv = np.empty(n + 1, np.int64)
+    n_e = 0
+    l_head = np.full(n_kv, -1, np.int64)
+    l_tail = np.full(n_kv, -1, np.int64)
+    x_head = np.full(1, -1, np.int64)
+    x_tail = np.full(1, -1, np.int64)
+    # departed sessions' caches: entries and one heap per KV pool
+    df = np.empty(n + 1, np.float64)
+    ds = np.empty(n + 1, np.int64)
+    da = np.empty(n + 1, np.int64)
+    dv = np.empty(n + 1, np.int64)
+    n_d = 0
+    heaps = List()
+    for _ in range(n_kv):
+        heaps.append(np.empty(16, np.int64))
+    hsize = np.zeros(n_kv, np.int64)
+
+    # per-query buffers
+    cached = np.zeros(nd)  # L(a), clipped
+    hit_a = np.empty(nd, np.int64)
+    hit_miss = np.empty(nd)
+    hit_new = np.empty(nd)
+    mask = np.zeros(nd, np.bool_)
+    avail = np.zeros(nd, np.bool_)
+    ci = np.zeros(nd)
+    ci_region = np.zeros(n_regions)
+    value = np.zeros(nd)
+    z = np.zeros(28)
+    prev_served = np.full(n_sessions, -1, np.int64)
+    served_on = np.full(n, -1, np.int64)
+    home = np.full(n_sessions, -1, np.int64)
+    ci_from, ci_until = inf, -inf
+
+    ht = np.empty(n_sessions + 1, np.float64)
+    hk = np.empty(n_sessions + 1, np.int64)
+    h = 0
+    n_first = len(arr_t)
+    na = 0
+    done = 0
+    while True:
+        if na < n_first:
+            nt, nk = arr_t[na], n + arr_row[na]
+        else:
+            nt, nk = inf, 2 * n
+        if h > 0 and _less(ht[0], hk[0], nt, nk):
+            t, i = ht[0], hk[0]
+            h = _hpop(ht, hk, h)
+        elif na < n_first:
+            t, i = nt, nk
+            na += 1
+        else:
+            break
+
+        # advance(t): expiry of idle caches with f_last + ttl < t
+        if t != now:
+            now = t
+            while x_head[0] != -1 and ef[x_head[0]] + ttl < now:
+                e = x_head[0]
+                _popleft(x_head, x_tail, x_nxt, x_prv, 0)
+                r = _valid(es[e], ea[e], ev[e], rec_of, rec_ver, rec_pin)
+                if r == -1:
+                    continue
+                counters[3] += 1
+                counters[2] += rec_tok[r]
+                _remove(r, rec_of, rec_s, rec_a, rec_tok, used, kvp_of)
+
+        if i < n:  # completion of row i (or the instant of its rejection)
+            s = sess[i]
+            a = served_on[i]
+            if a >= 0:  # complete(s, a, t)
+                r = rec_of[s, a]
+                rec_pin[r] = False
+                rec_f[r] = now
+                version += 1
+                rec_ver[r] = version
+                if rec_tok[r] == 0:
+                    _remove(r, rec_of, rec_s, rec_a, rec_tok, used, kvp_of)
+                else:
+                    e = n_e
+                    n_e += 1
+                    ef[e], es[e], ea[e], ev[e] = now, s, a, version
+                    _append_sorted(l_head, l_tail, l_nxt, l_prv, kvp_of[a], e, ef, es, ea)
+                    _append_sorted(x_head, x_tail, x_nxt, x_prv, 0, e, ef, es, ea)
+            if turn[i] == n_turns[i] - 1:  # depart(s, t)
+                departed[s] = True
+                p = holder[s]
+                if p != -1:
+                    holder[s] = -1
+                    free[p] += 1
+                    for b in range(nd):
+                        if pool[b] == p:
+                            open_[b] = free[p] > 0
+                for b in range(nd):
+                    r = rec_of[s, b]
+                    if r != -1:
+                        kp = kvp_of[b]
+                        e = n_d
+                        n_d += 1
+                        df[e], ds[e], da[e], dv[e] = rec_f[r], s, b, rec_ver[r]
+                        hp = heaps[kp]
+                        if hsize[kp] == len(hp):
+                            grown = np.empty(2 * len(hp), np.int64)
+                            grown[:len(hp)] = hp
+                            heaps[kp] = grown
+                            hp = grown
+                        hsize[kp] = _dpush(hp, hsize[kp], e, df, ds, da, dv)
+            else:
+                h = _hpush(ht, hk, h, t + think[i + 1], n + i + 1)
+            continue
+
+        i -= n
+        s = sess[i]
+        if not ci_from <= t < ci_until:  # the grid row in force changes
+            if not span_lo <= t < span_hi:
+                return 1, t
+            row_ci = np.searchsorted(sig_t, t, side="right") - 1
+            ci_from = sig_t[row_ci]
+            ci_until = sig_t[row_ci + 1] if row_ci + 1 < len(sig_t) else span_hi
+            for g in range(n_regions):
+                ci_region[g] = sig_v[row_ci, g]
+            for b in range(nd):
+                ci[b] = ci_region[region[b]]
+        k = turn[i]
+        prev = prev_served[s]
+        # fill_row: L(a) and the hits
+        n_hits = 0
+        at = i * n_m
+        for b in range(nd):
+            cached[b] = 0.0
+            r = rec_of[s, b]
+            if r != -1:
+                m = model[b]
+                hist = hist_f[at + m]
+                L = min(float(rec_tok[r]), hist)
+                if L != 0.0:
+                    cached[b] = L
+                    hit_a[n_hits] = b
+                    hit_miss[n_hits] = hist - L
+                    hit_new[n_hits] = new_f[at + m]
+                    n_hits += 1
+        # available(s)
+        held = holder[s]
+        for b in range(nd):
+            avail[b] = open_[b] or pool[b] == held
+        if k == 0 and code == 3:  # GAR: the home region at the session's first turn
+            r0 = home_draw[s]
+            best, best_free, r0_free = 0, -1, 0
+            for g in range(n_regions):
+                tot = 0
+                for p in range(g * (n_pools // n_regions), (g + 1) * (n_pools // n_regions)):
+                    tot += free[p]
+                if g == r0:
+                    r0_free = tot
+                if tot > best_free:
+                    best, best_free = g, tot
+            home[s] = r0 if r0_free > 0 else best
+        # feasibility (Eq. 7)
+        any_mask = False
+        for b in range(nd):
+            mask[b] = fast_all[i, b] and avail[b]
+        for j in range(n_hits):
+            b = hit_a[j]
+            if ok_all[i, b] and avail[b]:
+                mask[b] = (hit_new[j] + hit_miss[j]) / v_pre[b] <= d_ttft
+        for b in range(nd):
+            if mask[b]:
+                any_mask = True
+                break
+        best_effort = False
+        rejected = False
+        if not any_mask:
+            lo = inf
+            n_ok = 0
+            for b in range(nd):
+                value[b] = inf
+                if ok_all[i, b] and avail[b]:
+                    n_ok += 1
+                    miss = hist_f[at + model[b]]
+                    for j in range(n_hits):
+                        if hit_a[j] == b:
+                            miss = hit_miss[j]
+                    value[b] = (new_f[at + model[b]] + miss) / v_pre[b]
+                    if value[b] < lo:
+                        lo = value[b]
+            if n_ok == 0:
+                rejected = True
+            else:
+                for b in range(nd):
+                    mask[b] = value[b] == lo
+                best_effort = True
+        j = done
+        done += 1
+        c_row[j], c_disp[j] = i, t
+        if rejected:
+            c_dep[j], c_compl[j], c_ttft[j] = -1, math.nan, math.nan
+            c_rej[j] = True
+            h = _hpush(ht, hk, h, t, i)
+            continue
+
+        # the decision
+        a = -1
+        if code == 0 or code == 1:  # Session- / Carbon-Affinity: stay on the binding
+            if prev >= 0 and mask[prev] and (code == 0 or cached[prev] > 0):
+                a = prev
+        if a == -1 and code != 3:
+            # the ranking values: energy (SA), carbon (CA, CR with pricing), base carbon
+            for b in range(nd):
+                if code == 2 or (code == 4 and not pricing):
+                    value[b] = ci[b] * e_base[i, b % block]
+                else:
+                    value[b] = e_unc[i, b % block]
+            if not (code == 2 or (code == 4 and not pricing)):
+                for jh in range(n_hits):
+                    b = hit_a[jh]
+                    value[b] = de[b] * hit_miss[jh] + e_base[i, b % block]
+                if code != 0:
+                    for b in range(nd):
+                        value[b] = ci[b] * value[b]
+            lo = inf
+            for b in range(nd):
+                if mask[b] and value[b] < lo:
+                    lo, a = value[b], b
+            if a == -1:  # every candidate at +inf: the first candidate (numpy's argmin)
+                for b in range(nd):
+                    if mask[b]:
+                        a = b
+                        break
+            if code == 0:  # SA's tie-break: the most free slots of the pool, then the index
+                n_tied = 0
+                for b in range(nd):
+                    if mask[b] and value[b] == value[a]:
+                        n_tied += 1
+                if n_tied > 1:
+                    tie, best_slots = value[a], -1
+                    for b in range(nd):
+                        if mask[b] and value[b] == tie and free[pool[b]] > best_slots:
+                            best_slots, a = free[pool[b]], b
+        elif code == 3:  # GAR†: the home region's lowest base carbon, else anywhere
+            r0 = home[s]
+            lo = inf
+            for b in range(nd):
+                value[b] = ci[b] * e_base[i, b % block]
+            for b in range(r0 * block, (r0 + 1) * block):
+                if mask[b] and value[b] < lo:
+                    lo, a = value[b], b
+            if a == -1:
+                for b in range(nd):
+                    if mask[b] and value[b] < lo:
+                        lo, a = value[b], b
+        if code == 4:
+            g = a
+            if k > 0 and prev >= 0 and g != prev and mask[prev] and cached[prev] > 0:
+                c_opp[j] = True
+                if gated:
+                    fo = fold[s]
+                    if fold_delta[fo] == inf:
+                        adv = -inf
+                    else:
+                        _features(z, i, g, prev, ci, ci_region, e_base, e_unc, block, de,
+                                  hit_a, hit_miss, n_hits, cached, new_f, hist_f, est_f, qual,
+                                  n_m, k, model, gpu, region, pool, kvp_of, used, kv_cap, free,
+                                  sig_t, sig_v, t)
+                        adv = _forest(fo, z, f_left, f_right, f_feature, f_threshold,
+                                      f_default_left, f_tree_start, f_n_trees, f_depth,
+                                      f_base) - fold_delta[fo]
+                    if adv > delta:
+                        a = prev
+                        c_block[j] = True
+
+        # record and dispatch
+        m = model[a]
+        n_new, n_hist, n_out = new_f[at + m], hist_f[at + m], out_f[at + m]
+        cached_a = cached[a]
+        ttft = (n_new + n_hist - cached_a) / v_pre[a]
+        done_at = t + ttft + n_out / v_dec[a]
+        c_dep[j], c_compl[j], c_cached[j], c_ttft[j] = a, done_at, cached_a, ttft
+        c_be[j] = best_effort
+        c_switch[j] = prev >= 0 and a != prev
+        served_on[i] = a
+        # dispatch(s, a, t, context)
+        ctx_tok = np.int64(n_hist + n_new + n_out)
+        p = pool[a]
+        old = holder[s]
+        if old != p:
+            if old != -1:
+                free[old] += 1
+                for b in range(nd):
+                    if pool[b] == old:
+                        open_[b] = free[old] > 0
+            free[p] -= 1
+            for b in range(nd):
+                if pool[b] == p:
+                    open_[b] = free[p] > 0
+            holder[s] = p
+        version += 1
+        r = rec_of[s, a]
+        if r == -1:
+            r = n_rec
+            n_rec += 1
+            rec_of[s, a] = r
+            rec_s[r], rec_a[r], rec_tok[r], rec_f[r] = s, a, 0, now
+        rec_pin[r] = True
+        rec_ver[r] = version
+        counters[6] += 1
+        dlt = ctx_tok - rec_tok[r]
+        kp = kvp_of[a]
+        if dlt > 0:
+            missing = dlt - (kv_cap[kp] - used[kp])
+            if missing > 0:
+                freed = _evict(kp, missing, heaps, hsize, df, ds, da, dv, l_head, l_tail,
+                               l_nxt, l_prv, es, ea, ev, rec_of, rec_ver, rec_pin, rec_tok,
+                               rec_s, rec_a, used, kvp_of, departed, counters)
+                if freed < missing:
+                    counters[4] += 1
+                    counters[5] += missing - freed
+                    dlt -= missing - freed
+        rec_tok[r] += dlt
+        used[kp] += dlt
+        prev_served[s] = a
+        h = _hpush(ht, hk, h, done_at, i)
+    return 0, 0.0
+
+
+@njit(cache=True)
+def _evict(p, missing, heaps, hsize, df, ds, da, dv, l_head, l_tail, l_nxt, l_prv, es, ea, ev,
+           rec_of, rec_ver, rec_pin, rec_tok, rec_s, rec_a, used, kvp_of, departed, counters):
+    """Backend._evict: free up to ``missing`` tokens of KV pool p, departed sessions' caches
+    first, then the live LRU list; victims trimmed from their suffix."""
+    freed = 0
+    removed = 0
+    heap = heaps[p]
+    while freed < missing and hsize[p] > 0:
+        e = heap[0]
+        r = _valid(ds[e], da[e], dv[e], rec_of, rec_ver, rec_pin)
+        if r == -1:
+            hsize[p] = _dpop(heap, hsize[p], df, ds, da, dv)
+            continue
+        take = min(rec_tok[r], missing - freed)
+        rec_tok[r] -= take
+        freed += take
+        if rec_tok[r] == 0:
+            hsize[p] = _dpop(heap, hsize[p], df, ds, da, dv)
+            removed += 1
+            _remove(r, rec_of, rec_s, rec_a, rec_tok, used, kvp_of)
+    while freed < missing and l_head[p] != -1:
+        e = l_head[p]
+        s = es[e]
+        r = _valid(s, ea[e], ev[e], rec_of, rec_ver, rec_pin)
+        if r == -1 or departed[s]:
+            _popleft(l_head, l_tail, l_nxt, l_prv, p)
+            continue
+        take = min(rec_tok[r], missing - freed)
+        rec_tok[r] -= take
+        freed += take
+        if rec_tok[r] == 0:
+            _popleft(l_head, l_tail, l_nxt, l_prv, p)
+            removed += 1
+            _remove(r, rec_of, rec_s, rec_a, rec_tok, used, kvp_of)
+    used[p] -= freed
+    counters[0] += freed
+    counters[1] += removed
+    return freed
+
+
+@njit(cache=True)
+def _features(z, i, g, b, ci, ci_region, e_base, e_unc, block, de, hit_a, hit_miss, n_hits,
+              cached, new_f, hist_f, est_f, qual, n_m, k, model, gpu, region, pool, kvp_of, used,
+              kv_cap, free, sig_t, sig_v, t):
+    """gate.gate_features for the switch opportunity (g, b) of row i (same values)."""
+    # E(a), CI·E(a) and CI·E_base(a) at g and b
+    e_g = e_unc[i, g % block]
+    e_b = e_unc[i, b % block]
+    for jh in range(n_hits):
+        if hit_a[jh] == g:
+            e_g = de[g] * hit_miss[jh] + e_base[i, g % block]
+        if hit_a[jh] == b:
+            e_b = de[b] * hit_miss[jh] + e_base[i, b % block]
+    c_g, c_b = ci[g] * e_g, ci[b] * e_b
+    cb_g, cb_b = ci[g] * e_base[i, g % block], ci[b] * e_base[i, b % block]
+    mb, mg = model[b], model[g]
+    at = i * n_m
+    hist_b, hist_g = hist_f[at + mb], hist_f[at + mg]
+    rb, rg = region[b], region[g]
+    kb, kg = kvp_of[b], kvp_of[g]
+    # the intensity an hour earlier (not before the signal's start)
+    te = max(t - _HOUR_S, sig_t[0])
+    row = np.searchsorted(sig_t, te, side="right") - 1
+    z[0], z[1], z[2] = c_g, c_b, c_b - c_g
+    z[3], z[4] = cb_g, cb_b
+    z[5], z[6], z[7] = e_g, e_b, e_b - e_g
+    z[8], z[9], z[10] = hist_b, new_f[at + mb], est_f[at + mb]
+    z[11] = k
+    z[12] = cached[b] / hist_b if hist_b > 0 else 0.0
+    z[13] = cached[g] / hist_g if hist_g > 0 else 0.0
+    z[14] = used[kb] / float(kv_cap[kb])
+    z[15] = used[kg] / float(kv_cap[kg])
+    z[16], z[17] = free[pool[b]], free[pool[g]]
+    z[18], z[19] = ci_region[rb], ci_region[rg]
+    z[20] = ci_region[rb] - sig_v[row, rb]
+    z[21] = ci_region[rg] - sig_v[row, rg]
+    z[22] = (t % 86400.0) / _HOUR_S
+    z[23] = 1.0 if mb != mg else 0.0
+    z[24] = 1.0 if gpu[b] != gpu[g] else 0.0
+    z[25] = 1.0 if rb != rg else 0.0
+    z[26], z[27] = qual[i, mb], qual[i, mg]
+
+
+def rule(name: str, **params) -> dict:
+    """The compiled decision rule ``name`` (a :data:`CODES` key) with its parameters, as the
+    keyword arrays of the loop; a built-in policy's :meth:`~carbonrouter_lib.policies.Policy.
+    compiled` returns it. ``params``: ``pricing``, ``gated``, ``delta`` (CarbonRouter),
+    ``home_draw`` (GAR†'s drawn region per session), and the learned gate's ``fold``,
+    ``fold_delta`` and forest arrays (:meth:`carbonrouter_lib.gate.LearnedGate.compiled`)."""
+    if name not in CODES:
+        raise ValueError(f"kernel.rule: no compiled rule {name!r}; one of {sorted(CODES)}")
+    one = np.zeros((1, 1), np.int64)
+    spec = dict(code=CODES[name], pricing=True, gated=False, delta=0.0,
+                home_draw=np.zeros(1, np.int64), fold=np.zeros(1, np.int64),
+                fold_delta=np.zeros(1), f_left=one, f_right=one, f_feature=one,
+                f_threshold=np.zeros((1, 1), np.float32),
+                f_default_left=np.zeros((1, 1), np.bool_), f_tree_start=one,
+                f_n_trees=np.zeros(1, np.int64), f_depth=np.zeros(1, np.int64),
+                f_base=np.zeros(1, np.float32))
+    unknown = set(params) - set(spec)
+    if unknown:
+        raise ValueError(f"kernel.rule: unknown parameters {sorted(unknown)}")
+    spec.update(params)
+    return spec
+
+
+def replay(arrays: dict) -> tuple[int, float]:
+    """Run the compiled loop on the arrays ``simulator.simulate`` prepared (the keyword names of
+    :func:`_replay`); returns (status, time): status 1 when the carbon signal does not cover
+    the dispatch ``time`` (s)."""
+    status, t = _replay(**arrays)
+    return int(status), float(t)
