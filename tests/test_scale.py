@@ -56,6 +56,38 @@ def test_convergence_finds_where_each_quantity_stops_moving():
     assert conv.loc[("carbon-affinity", "co2_rel"), "last_step_pp"] == pytest.approx(2.0)
 
 
+def test_convergence_steps_along_the_ladder_only():
+    # a point past the ladder (136 copies) is in the table but not a doubling step: a tiny
+    # change there must not make a still-moving quantity look converged
+    moving = dict(SETTLING, **{"carbon-affinity": [0.76, 0.80, 0.82, 0.84, 0.86]})
+    t = synthetic(moving)
+    beyond = t[t.copies == 16].assign(copies=float(scale.BEYOND[0]), peak_sessions=500.0)
+    conv = scale.convergence(pd.concat([t, beyond], ignore_index=True))
+    ca = conv.set_index(["policy", "quantity"]).loc[("carbon-affinity", "co2_rel")]
+    assert math.isnan(ca["converged_from_peak"]) and ca["max_peak"] == 480
+
+
+def test_run_grid_runs_the_largest_runs_one_at_a_time(monkeypatch):
+    wl = prepared.WorkloadConfig(dataset="sharegpt", max_conversations=30)
+    grid = scale.scale_specs({"sharegpt": wl}, ["paper"], copies=(1, 64), memory=["paper"],
+                             policies=["faircarbon"])
+    calls = []
+
+    def fake_sweep(specs, client=None, n_workers=None, serial=False):
+        calls.append(([s.key() for s in specs], serial))
+        out = scale.sweep.SweepResults({s.key(): s.key() for s in specs})
+        out.specs, out.n_computed = {s.key(): s for s in specs}, len(specs)
+        return out
+
+    monkeypatch.setattr(scale.sweep, "run_sweep", fake_sweep)
+    monkeypatch.setattr(scale.prepared, "prepare_workload", lambda w: range(100_000))
+    # 100K queries per copy × 2 kB: 0.19 GiB at 1 copy, 12 GiB at 64; 16 GiB on 2 workers
+    res = scale.run_grid(grid, {"sharegpt": wl}, n_workers=2, memory_gib=16)
+    small, big = grid[grid.copies == 1]["key"].tolist(), grid[grid.copies == 64]["key"].tolist()
+    assert calls == [(small, False), (big, True)]
+    assert set(res) == set(grid["key"]) and res.n_computed == 2
+
+
 def _both(values_sg, values_mc, peaks_mc=(10, 18, 30, 52, 90)):
     sg = synthetic(values_sg)
     mc = synthetic(values_mc, peaks=peaks_mc).assign(dataset="mooncake")
