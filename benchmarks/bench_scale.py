@@ -31,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 POLICIES = ("session-affinity", "carbon-affinity", "gar", "faircarbon", "carbonrouter-no-gate",
-            "carbonrouter")
+            "carbonrouter", "carbonrouter-horizon")
 
 
 def child(table_path: str, policy: str, repeats: int, cpu: int, engine: str) -> dict:
@@ -45,6 +45,7 @@ def child(table_path: str, policy: str, repeats: int, cpu: int, engine: str) -> 
     import pandas as pd
 
     from carbonrouter_lib import setting, simulator
+    from carbonrouter_lib.build import build_policy
     from carbonrouter_lib.policies import make_policy
 
     table = pd.read_parquet(table_path)
@@ -65,6 +66,7 @@ def child(table_path: str, policy: str, repeats: int, cpu: int, engine: str) -> 
     policy_obj = make_policy(policy)
     if gate is not None:
         policy_obj.set_gate(gate)
+    policy_obj = build_policy(policy_obj, table, config, signal=signal)
     t0 = time.perf_counter()
     simulator.simulate(first, policy_obj, config, signal=signal, engine=engine)
     out["warmup_s"] = time.perf_counter() - t0
@@ -74,6 +76,7 @@ def child(table_path: str, policy: str, repeats: int, cpu: int, engine: str) -> 
         policy_obj = make_policy(policy)
         if gate is not None:
             policy_obj.set_gate(gate)
+        policy_obj = build_policy(policy_obj, table, config, signal=signal)  # horizon model
         t0 = time.perf_counter()
         simulator.simulate(table, policy_obj, config, signal=signal, engine=engine)
         walls.append(time.perf_counter() - t0)

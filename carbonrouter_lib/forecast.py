@@ -22,6 +22,7 @@ signal. Units: gCO2e/kWh, steps of the signal's grid, seconds.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -70,6 +71,12 @@ class Forecaster:
         gCO2e/kWh, reading rows ≤ ``row`` only."""
         raise NotImplementedError
 
+    def predict_rows(self, rows: np.ndarray, leads: np.ndarray) -> np.ndarray:
+        """:meth:`predict` for many forecast rows at once: (len(rows), n_regions, len(leads)),
+        the same values (the horizon router's compiled loop precomputes its forecasts so)."""
+        return np.stack([self.predict(int(r), leads) for r in rows]) if len(rows) else (
+            np.empty((0, self._values.shape[1], len(leads))))
+
     def _past(self, rows: np.ndarray, row: int) -> np.ndarray:
         """Values (n_regions, len(rows)) at rows that must not be after ``row``."""
         if np.any(rows > row):
@@ -89,6 +96,10 @@ class Persistence(Forecaster):
     def predict(self, row: int, leads: np.ndarray) -> np.ndarray:
         return np.repeat(self._past(np.array([row]), row), len(leads), axis=1)
 
+    def predict_rows(self, rows: np.ndarray, leads: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, np.int64)
+        return np.repeat(self._values[rows][:, :, None], len(leads), axis=2)
+
 
 class SameHourYesterday(Forecaster):
     """I(now + ℓ) = I at the same time of day on the latest day already known."""
@@ -97,6 +108,9 @@ class SameHourYesterday(Forecaster):
 
     def predict(self, row: int, leads: np.ndarray) -> np.ndarray:
         return self._past(self._yesterday_rows(row, np.asarray(leads)), row)
+
+    def predict_rows(self, rows: np.ndarray, leads: np.ndarray) -> np.ndarray:
+        return _yesterday_values(self, np.asarray(rows, np.int64), np.asarray(leads))
 
 
 class Blend(Forecaster):
@@ -113,7 +127,11 @@ class Blend(Forecaster):
         super().__init__(signal)
         self.fit_steps = int(round(fit_days * self.day_steps))
         self.max_lead = int(max_lead_steps)
-        self._weights: dict[int, np.ndarray] = {}
+        # The fits depend only on the signal and these settings: shared by every Blend of the
+        # same signal (each replay of a horizon router makes one; the fits are its fixed cost).
+        per_signal = _BLEND_FITS.setdefault(signal, {})
+        self._weights: dict[int, np.ndarray] = per_signal.setdefault(
+            (self.fit_steps, self.max_lead), {})
 
     def weights(self, day_start: int) -> np.ndarray:
         """(n_regions, max_lead + 1) weights fitted on the rows before ``day_start``."""
@@ -145,6 +163,31 @@ class Blend(Forecaster):
         w = self.weights(row - row % self.day_steps)[:, np.minimum(leads, self.max_lead)]
         return now + w * (yday - now)
 
+    def predict_rows(self, rows: np.ndarray, leads: np.ndarray) -> np.ndarray:
+        rows, leads = np.asarray(rows, np.int64), np.asarray(leads)
+        now = self._values[rows][:, :, None]
+        yday = _yesterday_values(self, rows, leads)
+        day = rows - rows % self.day_steps
+        w = np.empty_like(yday)
+        cols = np.minimum(leads, self.max_lead)
+        for d in np.unique(day):
+            w[day == d] = self.weights(int(d))[:, cols]
+        return now + w * (yday - now)
+
+
+def _yesterday_values(fc: Forecaster, rows: np.ndarray, leads: np.ndarray) -> np.ndarray:
+    """Values (len(rows), n_regions, len(leads)) at the same time of day on the latest day
+    known at each row (:meth:`Forecaster._yesterday_rows`, which never reads after the row)."""
+    past = fc._yesterday_rows(0, leads)  # offsets ≤ 0 from the forecast's row
+    if np.any(past > 0):
+        raise AssertionError("a forecast read the future")
+    at = np.maximum(rows[:, None] + past[None, :], 0)
+    return fc._values[at].transpose(0, 2, 1)
+
+
+#: Blend fits per signal (weakly held: they go with the signal), then per (fit_steps,
+#: max_lead): {day_start: weights}.
+_BLEND_FITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 #: Forecaster names (:func:`make_forecaster`).
 FORECASTERS: tuple[str, ...] = ("persistence", "same-hour-yesterday", "blend")

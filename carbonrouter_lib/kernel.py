@@ -5,8 +5,10 @@ the backend (:class:`~carbonrouter_lib.backend.Backend`), the context and candid
 (:mod:`carbonrouter_lib.policies.base`) and the policy's ``choose``. That path is the
 *reference*: any policy, any hook, decision timing. This module is the same loop — the event
 order, the backend's slots, KV pools, eviction, expiry and overflow, the feasibility step of Eq. 7
-and the decision rules of Session-Affinity, Carbon-Affinity, GAR†, FairCarbon and CarbonRouter
-(with or without pricing; no gate, or the learned XGBoost gate as arrays) — written over arrays
+and the decision rules of Session-Affinity, Carbon-Affinity, GAR†, FairCarbon, CarbonRouter
+(with or without pricing; no gate, or the learned XGBoost gate as arrays) and the horizon router
+(its forecasts precomputed per grid row and fold; its price of the future, :func:`horizon_future`,
+is the one its Python ``choose`` calls) — written over arrays
 and compiled, one call per replay. ``simulate`` uses it for those policies (``engine="auto"``)
 and the Python loop for everything else.
 
@@ -30,21 +32,49 @@ backend does.
 from __future__ import annotations
 
 import math
+import platform
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 from numba.typed import List
 
-__all__ = ["CODES", "COUNTERS", "replay", "rule"]
+__all__ = ["CODES", "COUNTERS", "TIMES_DECISIONS", "ReplayInfo", "cycles", "horizon_future",
+           "replay", "rule"]
 
 #: Policy codes of the compiled decision rules.
 CODES = {"session-affinity": 0, "carbon-affinity": 1, "faircarbon": 2, "gar": 3,
-         "carbonrouter": 4}
+         "carbonrouter": 4, "carbonrouter-horizon": 5}
 #: Backend counters, in the order :func:`replay` returns them (Backend.counters()'s keys).
 COUNTERS = ("evicted_tokens", "evicted_caches", "expired_tokens", "expired_caches",
             "kv_overflow_events", "kv_overflow_tokens", "dispatches", "released_caches",
             "released_tokens")
 _HOUR_S = 3600.0
+#: Whether the compiled loop can time its decisions here (the x86-64 time-stamp counter).
+TIMES_DECISIONS = platform.machine().lower() in ("x86_64", "amd64")
+
+
+# ---------------------------------------------------------------------------------------------
+# decision timing: the CPU's time-stamp counter (x86-64: invariant, a few ns to read)
+# ---------------------------------------------------------------------------------------------
+
+@intrinsic
+def _rdtsc(typingctx):
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(64), [])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.readcyclecounter")
+        return builder.call(fn, [])
+    return types.int64(), codegen
+
+
+@njit(cache=True)
+def cycles() -> int:
+    """The time-stamp counter, cycles (to calibrate the decision timings against a clock)."""
+    return _rdtsc()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,6 +246,57 @@ def _forest(f, z, left, right, feature, threshold, default_left, tree_start, n_t
 
 
 # ---------------------------------------------------------------------------------------------
+# the horizon router's price of the rest of the session (policies/horizon.py)
+# ---------------------------------------------------------------------------------------------
+
+@njit(cache=True)
+def horizon_future(future, miss, surv, rho, fc, post_m, new_m, out_m, stay_m, e_in, e_cache,
+                   e_out, region, model, kv_pool, keep, n_models, cache_survival,
+                   model_stickiness):
+    """The expected carbon of the session's future turns on each deployment, gCO2e, written to
+    ``future`` (n,) (``miss``: scratch (n,)); the sum of :mod:`carbonrouter_lib.policies.
+    horizon` in its closed form. ``surv`` (J,): S_k(j); ``rho``: the chance a future turn is
+    still on the chosen deployment, per turn; ``fc`` (regions, J): the forecast; ``post_m``,
+    ``new_m``, ``out_m``, ``stay_m`` per model: H_0, n̄_new, n̄_out, q_m; ``keep`` per KV pool:
+    p. Shared by the Python policy and the compiled loop, so both compute the same values (the
+    sums over j run in order)."""
+    n_r, n_j = fc.shape
+    a_r = np.zeros(n_r)
+    b_r = np.zeros(n_r)
+    for r in range(n_r):
+        for j in range(n_j):
+            w = fc[r, j] * (surv[j] * rho ** j)
+            a_r[r] += w
+            b_r[r] += w * j
+    for d in range(len(future)):
+        m = model[d]
+        a_d, b_d = a_r[region[d]], b_r[region[d]]
+        n_new, n_out = new_m[m], out_m[m]
+        hist_sum = post_m[m] * a_d + (n_new + n_out) * b_d
+        base = (e_in[d] * n_new + e_out[d] * n_out) * a_d
+        miss[d] = base + e_in[d] * hist_sum
+        if cache_survival:
+            future[d] = miss[d] - keep[kv_pool[d]] * (e_in[d] - e_cache[d]) * hist_sum
+        else:
+            future[d] = base + e_cache[d] * hist_sum
+    if model_stickiness:
+        # the cheapest recomputing deployment of each model, then for each model the cheapest
+        # of the other models: where the session goes if its model turns infeasible
+        best = np.full(n_models, np.inf)
+        for d in range(len(future)):
+            if miss[d] < best[model[d]]:
+                best[model[d]] = miss[d]
+        move = np.full(n_models, np.inf)
+        for m in range(n_models):
+            for m2 in range(n_models):
+                if m2 != m and best[m2] < move[m]:
+                    move[m] = best[m2]
+        for d in range(len(future)):
+            q = stay_m[model[d]]
+            future[d] = q * future[d] + (1 - q) * move[model[d]]
+
+
+# ---------------------------------------------------------------------------------------------
 # the replay
 # ---------------------------------------------------------------------------------------------
 
@@ -238,18 +319,23 @@ def _replay(
     sess, turn, n_turns, think, n_sessions, new_f, hist_f, out_f, est_f, qual, n_m,
     arr_t, arr_row,
     e_base, e_unc, ok_all, fast_all, block,
-    model, pool, region, gpu, v_pre, v_dec, de, n_regions, n_pools, d_ttft,
+    model, pool, region, gpu, v_pre, v_dec, de, e_in, e_cache, e_out, n_regions, n_pools,
+    d_ttft,
     slots, kvp_of, kv_cap, ttl,
     sig_t, sig_v, span_lo, span_hi,
     code, pricing, gated, delta, home_draw, fold, fold_delta,
     f_left, f_right, f_feature, f_threshold, f_default_left, f_tree_start, f_n_trees, f_depth,
     f_base,
+    h_j, h_online, h_rho, h_smoothing, h_cache_survival, h_stickiness, h_release, h_survival,
+    h_new, h_out, h_stay, h_keep0, h_fc, h_row0, h_fold,
     c_row, c_dep, c_disp, c_compl, c_cached, c_ttft, c_be, c_rej, c_switch, c_opp, c_block,
-    counters,
+    counters, time_decisions, dec_cyc,
 ):
     """The loop of simulator.simulate over arrays (see the module). Writes the loop columns
-    (c_*) and counters; returns (status, time): status 0 done, 1 the carbon signal does not
-    cover ``time``."""
+    (c_*) and counters (and, with ``time_decisions``, each decision's time-stamp-counter
+    cycles into ``dec_cyc``, dispatch order); returns (status, time): status 0 done, 1 the
+    carbon signal does not cover ``time``, 2 the horizon router's precomputed forecasts do
+    not."""
     n = len(sess)
     nd = len(model)
     n_kv = len(kv_cap)
@@ -307,6 +393,12 @@ def _replay(
     ci_region = np.zeros(n_regions)
     value = np.zeros(nd)
     z = np.zeros(28)
+    future = np.zeros(nd)
+    miss_buf = np.zeros(nd)
+    post_m = np.zeros(n_m)
+    h_keep = np.full(n_kv, h_keep0)
+    h_stayed = 1.0
+    cur_row = -1
     prev_served = np.full(n_sessions, -1, np.int64)
     served_on = np.full(n, -1, np.int64)
     home = np.full(n_sessions, -1, np.int64)
@@ -391,10 +483,13 @@ def _replay(
 
         i -= n
         s = sess[i]
+        if time_decisions:  # as the Python loop: from the carbon lookup to the choice
+            c0 = _rdtsc()
         if not ci_from <= t < ci_until:  # the grid row in force changes
             if not span_lo <= t < span_hi:
                 return 1, t
             row_ci = np.searchsorted(sig_t, t, side="right") - 1
+            cur_row = row_ci
             ci_from = sig_t[row_ci]
             ci_until = sig_t[row_ci + 1] if row_ci + 1 < len(sig_t) else span_hi
             for g in range(n_regions):
@@ -473,6 +568,8 @@ def _replay(
         done += 1
         c_row[j], c_disp[j] = i, t
         if rejected:
+            if time_decisions:
+                dec_cyc[j] = _rdtsc() - c0
             c_dep[j], c_compl[j], c_ttft[j] = -1, math.nan, math.nan
             c_rej[j] = True
             h = _hpush(ht, hk, h, t, i)
@@ -483,7 +580,39 @@ def _replay(
         if code == 0 or code == 1:  # Session- / Carbon-Affinity: stay on the binding
             if prev >= 0 and mask[prev] and (code == 0 or cached[prev] > 0):
                 a = prev
-        if a == -1 and code != 3:
+        if code == 5 and h_j > 0:  # the horizon router: this turn's carbon + the future's
+            if h_cache_survival and k > 0 and prev >= 0:
+                hb = hist_f[at + model[prev]]
+                if hb > 0:  # what the session found of the cache it left on prev
+                    kp = kvp_of[prev]
+                    h_keep[kp] += h_smoothing * (cached[prev] / hb - h_keep[kp])
+            fo = h_fold[s]
+            kk = min(k, h_survival.shape[1] - 1)
+            fr = cur_row - h_row0
+            if fr < 0 or fr >= h_fc.shape[0]:
+                return 2, t
+            for m in range(n_m):
+                post_m[m] = hist_f[at + m] + new_f[at + m] + est_f[at + m]
+            horizon_future(future, miss_buf, h_survival[fo, kk, :h_j],
+                           h_stayed if h_online else h_rho, h_fc[fr, fo], post_m, h_new[fo],
+                           h_out[fo], h_stay[fo], e_in, e_cache, e_out, region, model, kvp_of,
+                           h_keep, n_m, h_cache_survival, h_stickiness)
+            for b in range(nd):
+                value[b] = e_unc[i, b % block]
+            for jh in range(n_hits):
+                b = hit_a[jh]
+                value[b] = de[b] * hit_miss[jh] + e_base[i, b % block]
+            lo = inf
+            for b in range(nd):
+                value[b] = ci[b] * value[b] + future[b]
+                if mask[b] and value[b] < lo:
+                    lo, a = value[b], b
+            if a == -1:
+                for b in range(nd):
+                    if mask[b]:
+                        a = b
+                        break
+        elif a == -1 and code != 3:
             # the ranking values: energy (SA), carbon (CA, CR with pricing), base carbon
             for b in range(nd):
                 if code == 2 or (code == 4 and not pricing):
@@ -548,6 +677,8 @@ def _replay(
                         a = prev
                         c_block[j] = True
 
+        if time_decisions:
+            dec_cyc[j] = _rdtsc() - c0
         # record and dispatch
         m = model[a]
         n_new, n_hist, n_out = new_f[at + m], hist_f[at + m], out_f[at + m]
@@ -597,6 +728,15 @@ def _replay(
                     dlt -= missing - freed
         rec_tok[r] += dlt
         used[kp] += dlt
+        if code == 5 and h_j > 0:
+            if k > 0 and prev >= 0:  # on_served: how often the router keeps a session
+                h_stayed += h_smoothing * ((1.0 if a == prev else 0.0) - h_stayed)
+            if h_release and prev >= 0 and prev != a:  # drop the cache left behind
+                r2 = rec_of[s, prev]
+                if r2 != -1:
+                    counters[7] += 1
+                    counters[8] += rec_tok[r2]
+                    _remove(r2, rec_of, rec_s, rec_a, rec_tok, used, kvp_of)
         prev_served[s] = a
         h = _hpush(ht, hk, h, done_at, i)
     return 0, 0.0
@@ -686,6 +826,34 @@ def _features(z, i, g, b, ci, ci_region, e_base, e_unc, block, de, hit_a, hit_mi
     z[26], z[27] = qual[i, mb], qual[i, mg]
 
 
+@dataclass(frozen=True)
+class ReplayInfo:
+    """What a policy's compiled rule may need to know of the replay
+    (:meth:`carbonrouter_lib.policies.Policy.compiled`).
+
+    Attributes
+    ----------
+    sessions : ndarray of int64
+        The sessions' ids in order (the loop numbers them 0, 1, … in this order).
+    conversations : ndarray of int64
+        Each session's conversation (copies of a conversation share it).
+    n_regions : int
+        Regions of the setting.
+    signal : CarbonSignal
+        The replay's carbon signal.
+    span_s : tuple of float
+        (first arrival, a time the replay is expected to end before), s since the Unix epoch:
+        what precomputed forecasts must cover (the loop stops with status 2 past them and
+        :func:`carbonrouter_lib.simulator.simulate` retries with a longer span).
+    """
+
+    sessions: np.ndarray
+    conversations: np.ndarray
+    n_regions: int
+    signal: Any
+    span_s: tuple[float, float]
+
+
 def rule(name: str, **params) -> dict:
     """The compiled decision rule ``name`` (a :data:`CODES` key) with its parameters, as the
     keyword arrays of the loop; a built-in policy's :meth:`~carbonrouter_lib.policies.Policy.
@@ -701,7 +869,12 @@ def rule(name: str, **params) -> dict:
                 f_threshold=np.zeros((1, 1), np.float32),
                 f_default_left=np.zeros((1, 1), np.bool_), f_tree_start=one,
                 f_n_trees=np.zeros(1, np.int64), f_depth=np.zeros(1, np.int64),
-                f_base=np.zeros(1, np.float32))
+                f_base=np.zeros(1, np.float32),
+                h_j=0, h_online=True, h_rho=1.0, h_smoothing=0.05, h_cache_survival=True,
+                h_stickiness=True, h_release=False, h_survival=np.zeros((1, 1, 1)),
+                h_new=np.zeros((1, 1)), h_out=np.zeros((1, 1)), h_stay=np.ones((1, 1)),
+                h_keep0=1.0, h_fc=np.zeros((1, 1, 1, 1)), h_row0=0,
+                h_fold=np.zeros(1, np.int64))
     unknown = set(params) - set(spec)
     if unknown:
         raise ValueError(f"kernel.rule: unknown parameters {sorted(unknown)}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import array
 import heapq
 import math
+import platform
 from dataclasses import dataclass
 from time import perf_counter_ns
 
@@ -219,7 +220,7 @@ def simulate(
         Show a tqdm progress bar over queries.
     time_decisions
         Time every decision (carbon lookup, the backend's state, context, feasibility and the
-        policy's choice) with ``time.perf_counter_ns`` into ``decision_ns`` (for benchmarks).
+        policy's choice) into ``decision_ns`` (for benchmarks; see ``engine``).
     profiles
         Profiles of one's own in place of ``config``'s (a DataFrame, a CSV path or a
         :class:`~carbonrouter_lib.profiles.ProfileTable`; see :attr:`SimulationConfig.profiles`):
@@ -227,10 +228,12 @@ def simulate(
     engine
         ``"auto"`` (default): the compiled loop (:mod:`carbonrouter_lib.kernel`) for the
         built-in policies it knows (Session-Affinity, Carbon-Affinity, GAR†, FairCarbon,
-        CarbonRouter without a gate or with its learned gate), the Python loop otherwise and
-        with ``time_decisions``. ``"python"``: always the Python loop (the reference; any
-        policy and its hooks). ``"compiled"``: the compiled loop, or ``ValueError`` when it
-        cannot replay the policy. Both give identical records and counters.
+        CarbonRouter without a gate or with its learned gate, the horizon router), the Python
+        loop otherwise. ``"python"``: always the Python loop (the reference; any policy and its
+        hooks). ``"compiled"``: the compiled loop, or ``ValueError`` when it cannot replay the
+        policy. Both give identical records and counters. ``time_decisions`` times the
+        decisions of the loop that runs (the compiled loop's with the x86-64 time-stamp
+        counter, calibrated to ns over the replay).
 
     Returns
     -------
@@ -250,9 +253,12 @@ def simulate(
     if engine not in ("auto", "python", "compiled"):
         raise ValueError(f"simulate: engine must be 'auto', 'python' or 'compiled', got "
                          f"{engine!r}")
-    if engine == "compiled" and time_decisions:
-        raise ValueError("simulate: time_decisions times the Python loop's decisions; use "
-                         "engine='auto' or 'python'")
+    if engine != "python" and time_decisions and not kernel.TIMES_DECISIONS:
+        if engine == "compiled":
+            raise ValueError(f"simulate: the compiled loop times decisions with the x86-64 "
+                             f"time-stamp counter; on {platform.machine()} use "
+                             f"engine='python' with time_decisions")
+        engine = "python"
     config = setting(config, signal, profiles)
     policy = make_policy(policy) if isinstance(policy, str) else policy
     if not isinstance(policy, Policy):
@@ -298,19 +304,20 @@ def simulate(
     conversation = prepared.conversation_codes(table)
     batch = QueryBatch(deps, new, hist, est, qual, constraints, conversation=conversation)
     spec = None
-    if engine != "python" and not time_decisions:
-        spec = policy.compiled(session[first_row], conversation[first_row],
-                               len(deps.regions))
+    if engine != "python":
+        spec = policy.compiled(kernel.ReplayInfo(
+            sessions=session[first_row], conversations=conversation[first_row],
+            n_regions=len(deps.regions), signal=signal, span_s=_span(table, signal)))
         if spec is None and engine == "compiled":
             raise ValueError(f"simulate: the compiled loop cannot replay {policy!r} (it knows "
                              f"{sorted(kernel.CODES)} and CarbonRouter's learned gate); use "
                              f"engine='python'")
     if spec is not None:
-        rec, counters = _replay_compiled(spec, table, deps, batch, signal, be, backend_cfg,
-                                         constraints, new, hist, out, est, qual, first_row,
-                                         policy, progress)
+        rec, counters, dec_ns = _replay_compiled(
+            spec, table, deps, batch, signal, be, backend_cfg, constraints, new, hist, out, est,
+            qual, first_row, policy, progress, conversation, time_decisions)
         return _result(rec, table, deps, batch, signal, new, hist, out, qual, conversation,
-                       policy, backend_cfg, counters, None)
+                       policy, backend_cfg, counters, dec_ns)
     ctx, cand = QueryContext(deps), Candidates(deps.n)
     ctx.backend, ctx.signal = be, signal
 
@@ -445,9 +452,12 @@ def _replay_compiled(spec: dict, table: pd.DataFrame, deps: Deployments, batch: 
                      signal: CarbonSignal, be: Backend, backend_cfg: BackendConfig,
                      constraints, new: np.ndarray, hist: np.ndarray, out: np.ndarray,
                      est: np.ndarray, qual: np.ndarray, first_row: np.ndarray, policy: Policy,
-                     progress: bool) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+                     progress: bool, conversation: np.ndarray, time_decisions: bool
+                     ) -> tuple[dict[str, np.ndarray], dict[str, int], np.ndarray | None]:
     """The replay by :mod:`carbonrouter_lib.kernel`: the loop columns and the backend's
-    counters (the same as the Python loop's)."""
+    counters (the same as the Python loop's), and each decision's time in ns with
+    ``time_decisions`` (time-stamp-counter cycles, calibrated against ``perf_counter_ns``
+    over the replay)."""
     n = len(table)
     turn = table["turn"].to_numpy(np.int64)
     arrival = table["arrival_s"].to_numpy(np.float64)
@@ -470,7 +480,9 @@ def _replay_compiled(spec: dict, table: pd.DataFrame, deps: Deployments, batch: 
         model=deps.model.astype(np.int64), pool=np.asarray(deps.pool, np.int64),
         region=deps.region.astype(np.int64), gpu=deps.gpu.astype(np.int64),
         v_pre=deps.v_pre.astype(np.float64), v_dec=deps.v_dec.astype(np.float64),
-        de=(deps.e_in - deps.e_cache).astype(np.float64), n_regions=len(deps.regions),
+        de=(deps.e_in - deps.e_cache).astype(np.float64), e_in=deps.e_in.astype(np.float64),
+        e_cache=deps.e_cache.astype(np.float64), e_out=deps.e_out.astype(np.float64),
+        n_regions=len(deps.regions),
         n_pools=deps.n_pools, d_ttft=float(constraints.d_ttft_s),
         slots=backend_cfg.slots_per_pool, kvp_of=be.kv_pool_of(), kv_cap=be.kv_capacities(),
         ttl=backend_cfg.ttl_s,
@@ -479,17 +491,37 @@ def _replay_compiled(spec: dict, table: pd.DataFrame, deps: Deployments, batch: 
         **{f"c_{k}": rec[name] for k, name in zip(
             ("row", "dep", "disp", "compl", "cached", "ttft", "be", "rej", "switch", "opp",
              "block"), (f[0] for f in _LOOP_FIELDS), strict=True)},
-        counters=counters,
+        counters=counters, time_decisions=time_decisions,
+        dec_cyc=np.full(n if time_decisions else 1, -1, np.int64),
     )
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=n, desc=f"replay {policy.name} (compiled)", unit="query")
+    c0, t0 = kernel.cycles(), perf_counter_ns()
     status, t = kernel.replay(arrays)
+    for _ in range(8):  # forecasts precomputed for too short a span: longer, and again
+        if status != 2:
+            break
+        lo, hi = _span(table, signal)
+        spec = policy.compiled(kernel.ReplayInfo(
+            sessions=table["session"].to_numpy(np.int64)[first_row],
+            conversations=conversation[first_row], n_regions=len(deps.regions), signal=signal,
+            span_s=(lo, max(hi, t) + 7 * 86400.0)))
+        for col in rec.values():
+            col[:] = 0
+        counters[:] = 0
+        arrays.update(spec)
+        status, t = kernel.replay(arrays)
     if status == 1:
         signal.row_index(t)  # raises the signal's own error, naming the time and the coverage
-        raise RuntimeError(f"the compiled replay stopped at t = {t} s")
+    if status != 0:
+        raise RuntimeError(f"the compiled replay stopped at t = {t} s (status {status})")
+    dec_ns = None
+    if time_decisions:
+        ns_per_cycle = (perf_counter_ns() - t0) / max(kernel.cycles() - c0, 1)
+        dec_ns = np.rint(arrays["dec_cyc"] * ns_per_cycle).astype(np.int64)
     if bar is not None:
         bar.update(n)
         bar.close()
@@ -499,7 +531,18 @@ def _replay_compiled(spec: dict, table: pd.DataFrame, deps: Deployments, batch: 
         for name, col in (("opportunities", "switch_opportunity"), ("blocked", "gate_blocked")):
             ids, counts = np.unique(sessions[rec[col]], return_counts=True)
             getattr(policy, name).update(zip(ids.tolist(), counts.tolist(), strict=True))
-    return rec, dict(zip(kernel.COUNTERS, counters.tolist(), strict=True))
+    return rec, dict(zip(kernel.COUNTERS, counters.tolist(), strict=True)), dec_ns
+
+
+def _span(table: pd.DataFrame, signal: CarbonSignal) -> tuple[float, float]:
+    """(first arrival, latest arrival plus the longest session's think times and a day), s:
+    the times a replay of ``table`` is expected to dispatch in, clipped to the signal."""
+    arrival = table["arrival_s"].to_numpy(np.float64)
+    first = np.flatnonzero(table["turn"].to_numpy() == 0)
+    think = np.add.reduceat(table["think_s"].to_numpy(np.float64), first)
+    lo = float(arrival[first].min())
+    hi = float((arrival[first] + think).max()) + 86400.0
+    return lo, min(hi, signal.row_interval(len(signal.frame) - 1)[1])
 
 
 def _result(rec: dict[str, np.ndarray], table: pd.DataFrame, deps: Deployments,

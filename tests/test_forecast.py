@@ -78,3 +78,19 @@ def test_forecast_errors_on_the_real_signal():
                                            mae[("same-hour-yesterday", lead)]) + 1e-9
     with pytest.raises(KeyError, match="unknown forecaster"):
         forecast.make_forecaster("oracle", sig)
+
+
+@pytest.mark.parametrize("name", forecast.FORECASTERS)
+def test_predict_rows_equals_predict_row_by_row(name):
+    # predict_rows precomputes the horizon router's forecasts for its compiled loop: it must
+    # give exactly predict's values, row by row, over several days (several blend fits)
+    rng = np.random.default_rng(0)
+    hours = 24 * 12
+    sig = hourly({"A": rng.uniform(50, 500, hours), "B": rng.uniform(50, 500, hours)})
+    fc = forecast.make_forecaster(name, sig)
+    rows = np.array([0, 1, 5, 23, 24, 25, 47, 100, 200, hours - 1])
+    for leads in (np.array([1, 2, 3, 30]), np.array([0, 24, 25, 49, 400])):
+        got = fc.predict_rows(rows, leads)
+        want = np.stack([fc.predict(int(r), leads) for r in rows])
+        assert got.shape == (len(rows), 2, len(leads))
+        np.testing.assert_array_equal(got, want)

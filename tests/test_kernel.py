@@ -20,9 +20,10 @@ from hypothesis import given, settings
 from test_simulator import CONFIG, make_signal, make_table, workloads
 
 from carbonrouter_lib.backend import BackendConfig
+from carbonrouter_lib.build import build_policy
 from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.gate import FEATURES, GateTrainingConfig, LearnedGate
-from carbonrouter_lib.policies import CarbonRouter, make_policy
+from carbonrouter_lib.policies import CarbonRouter, HorizonRouter, make_policy
 from carbonrouter_lib.profiles import MODELS
 from carbonrouter_lib.setting import SimulationConfig
 from carbonrouter_lib.simulator import simulate
@@ -56,17 +57,29 @@ def policies(gate: LearnedGate):
     yield "carbonrouter (learned gate)", CarbonRouter(gate=gate)
     yield "carbonrouter-no-pricing (learned gate)", CarbonRouter(gate=gate, pricing=False)
     yield "carbonrouter (learned gate, delta -0.05)", CarbonRouter(delta=-0.05, gate=gate)
+    # the horizon router and its ablations / variants (its model is fitted on the workload)
+    yield "horizon", HorizonRouter()
+    yield "horizon J=0", HorizonRouter(horizon=0)
+    yield "horizon release", HorizonRouter(release=True)
+    yield "horizon persistence, no survival", HorizonRouter(forecast="persistence",
+                                                            cache_survival=False)
+    yield "horizon same-hour, no stickiness, rho 0.8", HorizonRouter(
+        forecast="same-hour-yesterday", model_stickiness=False, continuation=0.8, horizon=5)
 
 
 def assert_engines_agree(table, config, signal, backend, gate) -> dict:
     """Both loops on every compiled policy; returns the summed counters and flags (to check
     that a test reached the branches it is about)."""
-    seen = {"best_effort": 0, "rejected": 0, "gate_blocked": 0, "opportunities": 0}
+    seen = {"best_effort": 0, "rejected": 0, "gate_blocked": 0, "opportunities": 0,
+            "released_caches": 0}
     totals: dict[str, int] = {}
     for label, _ in policies(gate):
+        if label.startswith("horizon") and table["session"].nunique() < 20:
+            continue  # too few conversations to fit the horizon model on held-out folds
         out = {}
         for engine in ("python", "compiled"):
-            policy = dict(policies(gate))[label]
+            policy = build_policy(dict(policies(gate))[label], table, config, signal=signal,
+                                  backend=backend)
             out[engine] = (simulate(table, policy, config, signal, backend, engine=engine),
                            dict(getattr(policy, "opportunities", {})),
                            dict(getattr(policy, "blocked", {})))
@@ -127,7 +140,7 @@ def test_engines_agree_under_pressure(kv):
                                 kv_tokens_per_deployment=per_dep)
     seen = assert_engines_agree(table, config, signal, backend, random_gate())
     for what in ("best_effort", "rejected", "gate_blocked", "opportunities", "evicted_caches",
-                 "expired_caches", "kv_overflow_events"):
+                 "expired_caches", "kv_overflow_events", "released_caches"):
         assert seen[what] > 0, f"the workload did not reach {what}"
 
 
@@ -148,8 +161,12 @@ def test_engine_choice_and_errors():
     with pytest.raises(ValueError, match="cannot replay"):
         simulate(table, gated, config, signal, engine="compiled")
     assert len(simulate(table, gated, config, signal).records) == len(table)  # auto: Python
-    with pytest.raises(ValueError, match="time_decisions"):
-        simulate(table, "faircarbon", config, signal, engine="compiled", time_decisions=True)
+    # timing the decisions changes nothing else; every query gets one time, in ns
+    plain = simulate(table, "faircarbon", config, signal, engine="compiled")
+    timed = simulate(table, "faircarbon", config, signal, engine="compiled", time_decisions=True)
+    pd.testing.assert_frame_equal(timed.records, plain.records, check_exact=True)
+    assert plain.decision_ns is None and timed.decision_ns.shape == (len(table),)
+    assert (timed.decision_ns >= 0).all() and (timed.decision_ns < 10**9).all()
     # a signal that ends before the replay does: the signal's own error, from both loops
     short = random_signal(6, REGIONS3, 2)
     late = table.copy()

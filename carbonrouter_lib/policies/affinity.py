@@ -31,8 +31,7 @@ class SessionAffinity(Policy):
             return b
         return self.bind(ctx, cand)
 
-    def compiled(self, sessions: np.ndarray, conversations: np.ndarray,
-                 n_regions: int) -> dict | None:
+    def compiled(self, info: kernel.ReplayInfo) -> dict | None:
         return kernel.rule(self.name) if type(self) is SessionAffinity else None
 
     @staticmethod
@@ -59,6 +58,5 @@ class CarbonAffinity(Policy):
             return b
         return cand.argmin(cand.carbon)
 
-    def compiled(self, sessions: np.ndarray, conversations: np.ndarray,
-                 n_regions: int) -> dict | None:
+    def compiled(self, info: kernel.ReplayInfo) -> dict | None:
         return kernel.rule(self.name) if type(self) is CarbonAffinity else None

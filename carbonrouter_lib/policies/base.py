@@ -819,13 +819,11 @@ class Policy:
         """The policy's parameters (JSON-friendly), recorded with results."""
         return {}
 
-    def compiled(self, sessions: np.ndarray, conversations: np.ndarray,
-                 n_regions: int) -> dict | None:
-        """The policy's rule for the compiled replay loop (:func:`carbonrouter_lib.kernel.rule`),
-        or None (default): the Python loop replays it. ``sessions``: the replay's session ids in
-        order; ``conversations``: each session's conversation; ``n_regions``: regions of the
-        setting. Only the built-in policies have one, and only their own class (a subclass may
-        change ``choose``)."""
+    def compiled(self, info) -> dict | None:
+        """The policy's rule for the compiled replay loop (:func:`carbonrouter_lib.kernel.rule`)
+        given what it may need of the replay (:class:`carbonrouter_lib.kernel.ReplayInfo`), or
+        None (default): the Python loop replays it. Only the built-in policies have one, and
+        only their own class (a subclass may change ``choose``)."""
         return None
 
     def __repr__(self) -> str:

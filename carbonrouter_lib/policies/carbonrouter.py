@@ -28,8 +28,6 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-import numpy as np
-
 from carbonrouter_lib import kernel
 from carbonrouter_lib.policies.base import Candidates, Policy, QueryContext
 
@@ -154,8 +152,7 @@ class CarbonRouter(Policy):
         return {"delta": self.delta, "gate": gate, "pricing": self.pricing,
                 "gate_training": self.gate_training}
 
-    def compiled(self, sessions: np.ndarray, conversations: np.ndarray,
-                 n_regions: int) -> dict | None:
+    def compiled(self, info: kernel.ReplayInfo) -> dict | None:
         """The compiled rule without a gate, or with a gate that compiles itself (the learned
         gate: ``gate.compiled(conversations)``); None for another gate (the Python loop)."""
         if type(self) not in (CarbonRouter, CarbonRouterNoGate, CarbonRouterNoPricing):
@@ -165,7 +162,7 @@ class CarbonRouter(Policy):
             compile_gate = getattr(self.gate, "compiled", None)
             if compile_gate is None:
                 return None
-            params.update(compile_gate(conversations))
+            params.update(compile_gate(info.conversations))
         return kernel.rule("carbonrouter", **params)
 
     def propose(self, cand: Candidates) -> int:

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import cost
+from carbonrouter_lib import cost, kernel
 from carbonrouter_lib.paper import DEFAULTS
 from carbonrouter_lib.policies.base import Candidates, Policy, QueryContext
 
@@ -266,10 +266,12 @@ class HorizonRouter(Policy):
             kv_pool=ctx.backend.kv_pool_of(),
             keep=np.full(len(ctx.backend.kv_capacities()), float(model.keep_prior.mean())),
         )
-        state.j = np.arange(self.horizon, dtype=np.float64)  # (j − 1) for j = 1..J
-        state.e_in, state.e_cache, state.e_out = d.e_in, d.e_cache, d.e_out
-        state.region, state.model = d.region, d.model
+        state.e_in, state.e_cache, state.e_out = (np.asarray(x, np.float64)
+                                                  for x in (d.e_in, d.e_cache, d.e_out))
+        state.region, state.model = (np.asarray(x, np.int64) for x in (d.region, d.model))
+        state.kv_pool = np.asarray(state.kv_pool, np.int64)
         state.other_models = ~np.eye(len(d.models), dtype=bool)
+        state.future, state.miss = np.zeros(d.n), np.zeros(d.n)
         return state
 
     # ---- the decision -----------------------------------------------------------------------
@@ -291,34 +293,51 @@ class HorizonRouter(Policy):
                 st.keep[pool] += self.smoothing * (ctx.cached[b] / hist_b - st.keep[pool])
         f = st.fold(ctx.conversation, model)
         k = min(ctx.turn, model.survival.shape[1] - 1)
-        surv = model.survival[f, k, :self.horizon]
         rho = st.stayed if self.continuation == "online" else self.continuation
-        surv = surv * rho ** st.j
         fc = st.forecast(ctx.time_s, model.gap_s[f], self.horizon)  # (n_regions, J)
-        w = fc * surv
-        a_r = w.sum(axis=1)
-        b_r = w @ st.j
-        m = st.model
-        post = (ctx.n_hist_m + ctx.n_new_m + ctx.n_out_est_m)[m]  # H_0 per deployment
-        n_new, n_out = model.new_tokens[f][m], model.out_tokens[f][m]
-        a_d, b_d = a_r[st.region], b_r[st.region]
-        hist_sum = post * a_d + (n_new + n_out) * b_d
-        base = (st.e_in * n_new + st.e_out * n_out) * a_d
-        miss = base + st.e_in * hist_sum
-        if self.cache_survival:
-            p = st.keep[st.kv_pool]
-            future = miss - p * (st.e_in - st.e_cache) * hist_sum
-        else:
-            future = base + st.e_cache * hist_sum
-        if self.model_stickiness:
-            # deployments are numbered (region, GPU, model) with the model last: the cheapest
-            # recomputing deployment of each model, then for each model the cheapest other one
-            n_m = st.other_models.shape[0]
-            best = miss.reshape(-1, n_m).min(axis=0)
-            move = np.where(st.other_models, best[None, :], np.inf).min(axis=1)
-            q = model.stay_feasible[f][m]
-            future = q * future + (1 - q) * move[m]
-        return cand.argmin(cand.carbon + future)
+        post = ctx.n_hist_m + ctx.n_new_m + ctx.n_out_est_m  # H_0 per model
+        kernel.horizon_future(
+            st.future, st.miss, model.survival[f, k, :self.horizon], float(rho), fc, post,
+            model.new_tokens[f], model.out_tokens[f], model.stay_feasible[f], st.e_in,
+            st.e_cache, st.e_out, st.region, st.model, st.kv_pool, st.keep,
+            st.other_models.shape[0], self.cache_survival, self.model_stickiness)
+        return cand.argmin(cand.carbon + st.future)
+
+    def compiled(self, info: kernel.ReplayInfo) -> dict | None:
+        """The compiled rule (:mod:`carbonrouter_lib.kernel`), with the forecasts of every
+        grid row of ``info.span_s`` and fold precomputed; None for a subclass."""
+        if type(self) is not HorizonRouter:
+            return None
+        if self.horizon == 0:
+            return kernel.rule(self.name)
+        model = self.model
+        if isinstance(model, str):
+            return None  # not fitted: simulate refuses it before asking
+        from carbonrouter_lib.forecast import make_forecaster
+        from carbonrouter_lib.prepared import conversation_folds
+
+        forecaster = make_forecaster(self.forecast, info.signal)
+        row0 = info.signal.row_index(info.span_s[0])
+        end = min(info.span_s[1], info.signal.row_interval(len(info.signal.frame) - 1)[0])
+        row1 = info.signal.row_index(end)
+        n_r = len(info.signal.regions)
+        fc = np.empty((row1 - row0 + 1, model.folds, n_r, self.horizon))
+        rows = np.arange(row0, row1 + 1)
+        for f in range(model.folds):
+            leads = forecaster.leads(model.gap_s[f] * np.arange(1, self.horizon + 1))
+            fc[:, f] = forecaster.predict_rows(rows, leads)
+        online = self.continuation == "online"
+        return kernel.rule(
+            self.name, h_j=self.horizon, h_online=online,
+            h_rho=1.0 if online else float(self.continuation), h_smoothing=self.smoothing,
+            h_cache_survival=self.cache_survival, h_stickiness=self.model_stickiness,
+            h_release=self.release, h_survival=np.ascontiguousarray(model.survival),
+            h_new=np.ascontiguousarray(model.new_tokens, np.float64),
+            h_out=np.ascontiguousarray(model.out_tokens, np.float64),
+            h_stay=np.ascontiguousarray(model.stay_feasible, np.float64),
+            h_keep0=float(model.keep_prior.mean()), h_fc=fc, h_row0=int(row0),
+            h_fold=conversation_folds(info.conversations, model.folds, model.seed).astype(
+                np.int64))
 
     def on_served(self, ctx: QueryContext, a: int) -> None:
         st = self._bound

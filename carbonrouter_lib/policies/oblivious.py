@@ -28,8 +28,7 @@ class FairCarbon(Policy):
     def choose(self, ctx: QueryContext, cand: Candidates) -> int:
         return cand.argmin(cand.carbon_base)
 
-    def compiled(self, sessions: np.ndarray, conversations: np.ndarray,
-                 n_regions: int) -> dict | None:
+    def compiled(self, info: kernel.ReplayInfo) -> dict | None:
         return kernel.rule(self.name) if type(self) is FairCarbon else None
 
 
@@ -92,9 +91,9 @@ class GARDagger(Policy):
     def on_session_end(self, session: int) -> None:
         self.home.pop(session, None)
 
-    def compiled(self, sessions: np.ndarray, conversations: np.ndarray,
-                 n_regions: int) -> dict | None:
+    def compiled(self, info: kernel.ReplayInfo) -> dict | None:
         if type(self) is not GARDagger:
             return None
-        draws = np.array([self.draw_region(int(s), n_regions) for s in sessions], np.int64)
+        draws = np.array([self.draw_region(int(s), info.n_regions) for s in info.sessions],
+                         np.int64)
         return kernel.rule(self.name, home_draw=draws)
