@@ -159,3 +159,18 @@ def test_parameters_are_validated_and_recorded():
         with pytest.raises(ValueError):
             HorizonRouter(**bad)
     assert not HorizonRouter(horizon=0).needs_model
+
+
+def test_forecast_noise_is_seeded_mean_preserving_and_only_noise():
+    from carbonrouter_lib.policies.horizon import forecast_error
+
+    e1 = forecast_error(0.3, 0, 100, 2, (4, 16))
+    assert np.array_equal(e1, forecast_error(0.3, 0, 100, 2, (4, 16)))  # deterministic
+    assert not np.array_equal(e1, forecast_error(0.3, 1, 100, 2, (4, 16)))  # seeded
+    assert not np.array_equal(e1, forecast_error(0.3, 0, 101, 2, (4, 16)))  # per row
+    big = np.concatenate([forecast_error(0.3, 0, r, 0, (4, 16)).ravel() for r in range(500)])
+    assert big.mean() == pytest.approx(1.0, abs=0.01)  # E[exp(σε − σ²/2)] = 1
+    assert np.log(big).std() == pytest.approx(0.3, abs=0.01)
+    with pytest.raises(ValueError, match="forecast_noise"):
+        HorizonRouter(forecast_noise=-0.1)
+    assert HorizonRouter(forecast_noise=0.2, noise_seed=4).params()["forecast_noise"] == 0.2

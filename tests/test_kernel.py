@@ -60,6 +60,7 @@ def policies(gate: LearnedGate):
     # the horizon router and its ablations / variants (its model is fitted on the workload)
     yield "horizon", HorizonRouter()
     yield "horizon J=0", HorizonRouter(horizon=0)
+    yield "horizon forecast noise 0.5", HorizonRouter(forecast_noise=0.5, noise_seed=3)
     yield "horizon release", HorizonRouter(release=True)
     yield "horizon persistence, no survival", HorizonRouter(forecast="persistence",
                                                             cache_survival=False)

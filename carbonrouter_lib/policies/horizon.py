@@ -51,7 +51,7 @@ from carbonrouter_lib import cost, kernel
 from carbonrouter_lib.paper import DEFAULTS
 from carbonrouter_lib.policies.base import Candidates, Policy, QueryContext
 
-__all__ = ["HorizonModel", "HorizonRouter", "fit_horizon_model", "LEARNED"]
+__all__ = ["HorizonModel", "HorizonRouter", "fit_horizon_model", "forecast_error", "LEARNED"]
 
 #: ``model=LEARNED``: the horizon model is fitted on the replayed workload by the runner.
 LEARNED = "learned"
@@ -187,6 +187,12 @@ class HorizonRouter(Policy):
     model : HorizonModel or "learned"
         The fitted model; ``"learned"`` (default) to be fitted by the runner on the replayed
         workload (:meth:`set_model`).
+    forecast_noise : float
+        σ ≥ 0 of a multiplicative log-normal error put on every forecast value, Î·exp(σ·ε −
+        σ²/2) with ε ~ N(0, 1) (mean-preserving), drawn per (grid row, fold) from
+        ``noise_seed`` — the forecast-error sensitivity. Default 0 (the forecast as made).
+    noise_seed : int
+        Seed of those draws.
     """
 
     name = "carbonrouter-horizon"
@@ -194,7 +200,8 @@ class HorizonRouter(Policy):
     def __init__(self, horizon: int = 16, forecast: str = "blend", cache_survival: bool = True,
                  model_stickiness: bool = True, release: bool = False, smoothing: float = 0.05,
                  continuation: float | str = "online",
-                 model: HorizonModel | str = LEARNED) -> None:
+                 model: HorizonModel | str = LEARNED, forecast_noise: float = 0.0,
+                 noise_seed: int = 0) -> None:
         from carbonrouter_lib.forecast import FORECASTERS
 
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
@@ -214,6 +221,14 @@ class HorizonRouter(Policy):
                                               and 0 <= continuation <= 1)):
             raise ValueError(f"HorizonRouter.continuation must be 'online' or in [0, 1], "
                              f"got {continuation!r}")
+        if isinstance(forecast_noise, bool) or not isinstance(forecast_noise, int | float) or not (
+                0 <= forecast_noise < 10):
+            raise ValueError(f"HorizonRouter.forecast_noise must be a number in [0, 10), "
+                             f"got {forecast_noise!r}")
+        if isinstance(noise_seed, bool) or not isinstance(noise_seed, int) or noise_seed < 0:
+            raise ValueError(f"HorizonRouter.noise_seed must be an integer ≥ 0, "
+                             f"got {noise_seed!r}")
+        self.forecast_noise, self.noise_seed = float(forecast_noise), noise_seed
         self.continuation = continuation
         if not (model == LEARNED or isinstance(model, HorizonModel)):
             raise ValueError(f"HorizonRouter.model must be a HorizonModel or {LEARNED!r}")
@@ -245,7 +260,8 @@ class HorizonRouter(Policy):
                 "continuation": self.continuation,
                 "cache_survival": self.cache_survival,
                 "model_stickiness": self.model_stickiness, "release": self.release,
-                "smoothing": self.smoothing}
+                "smoothing": self.smoothing, "forecast_noise": self.forecast_noise,
+                "noise_seed": self.noise_seed}
 
     # ---- per-run state ----------------------------------------------------------------------
 
@@ -263,6 +279,7 @@ class HorizonRouter(Policy):
                                "sweeps call it), or set_model(fit_horizon_model(...))")
         state = _RunState(
             forecaster=make_forecaster(self.forecast, ctx.signal),
+            noise=(self.forecast_noise, self.noise_seed),
             kv_pool=ctx.backend.kv_pool_of(),
             keep=np.full(len(ctx.backend.kv_capacities()), float(model.keep_prior.mean())),
         )
@@ -294,7 +311,7 @@ class HorizonRouter(Policy):
         f = st.fold(ctx.conversation, model)
         k = min(ctx.turn, model.survival.shape[1] - 1)
         rho = st.stayed if self.continuation == "online" else self.continuation
-        fc = st.forecast(ctx.time_s, model.gap_s[f], self.horizon)  # (n_regions, J)
+        fc = st.forecast(ctx.time_s, model.gap_s[f], self.horizon, f)  # (n_regions, J)
         post = ctx.n_hist_m + ctx.n_new_m + ctx.n_out_est_m  # H_0 per model
         kernel.horizon_future(
             st.future, st.miss, model.survival[f, k, :self.horizon], float(rho), fc, post,
@@ -326,6 +343,10 @@ class HorizonRouter(Policy):
         for f in range(model.folds):
             leads = forecaster.leads(model.gap_s[f] * np.arange(1, self.horizon + 1))
             fc[:, f] = forecaster.predict_rows(rows, leads)
+            if self.forecast_noise > 0:
+                for i, row in enumerate(rows.tolist()):
+                    fc[i, f] *= forecast_error(self.forecast_noise, self.noise_seed, row, f,
+                                               fc.shape[2:])
         online = self.continuation == "online"
         return kernel.rule(
             self.name, h_j=self.horizon, h_online=online,
@@ -357,8 +378,10 @@ class _RunState:
     """Per-run state of a :class:`HorizonRouter`: the forecaster (cached per grid row), the
     per-pool cache-survival averages, the deployments' arrays, the conversations' folds."""
 
-    def __init__(self, forecaster, kv_pool: np.ndarray, keep: np.ndarray) -> None:
+    def __init__(self, forecaster, kv_pool: np.ndarray, keep: np.ndarray,
+                 noise: tuple[float, int] = (0.0, 0)) -> None:
         self.forecaster = forecaster
+        self.noise = noise
         self.kv_pool = kv_pool
         self.keep = keep
         self.stayed = 1.0
@@ -372,15 +395,29 @@ class _RunState:
             f = self._folds[conversation] = model.fold_of(conversation)
         return f
 
-    def forecast(self, t: float, gap_s: float, horizon: int) -> np.ndarray:
-        """Forecast (n_regions, J) for the J future turns, j·gap_s ahead, made at t's row."""
+    def forecast(self, t: float, gap_s: float, horizon: int, fold: int) -> np.ndarray:
+        """Forecast (n_regions, J) for the J future turns, j·gap_s ahead, made at t's row (with
+        the router's forecast error for ``fold``, if any)."""
         row = self.forecaster.row(t)
-        key = (row, gap_s, horizon)
+        key = (row, gap_s, horizon, fold)
         fc = self._fc.get(key)
         if fc is None:
             if len(self._fc) > 4096:
                 self._fc.clear()
             leads = self.forecaster.leads(gap_s * np.arange(1, horizon + 1))
-            fc = self._fc[key] = self.forecaster.predict(row, leads)
+            fc = self.forecaster.predict(row, leads)
+            sigma, seed = self.noise
+            if sigma > 0:
+                fc = fc * forecast_error(sigma, seed, row, fold, fc.shape)
+            self._fc[key] = fc
         return fc
+
+
+def forecast_error(sigma: float, seed: int, row: int, fold: int,
+                   shape: tuple[int, ...]) -> np.ndarray:
+    """The multiplicative forecast error of grid row ``row`` and fold ``fold``:
+    exp(σ·ε − σ²/2), ε ~ N(0, 1) of shape ``shape`` (regions × leads), drawn from
+    ``numpy.random.default_rng((seed, row, fold))`` — the same in both replay loops."""
+    eps = np.random.default_rng((seed, row, fold)).standard_normal(shape)
+    return np.exp(sigma * eps - 0.5 * sigma * sigma)
 
