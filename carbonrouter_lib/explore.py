@@ -36,6 +36,7 @@ from carbonrouter_lib.paper import PAPER_DATASET
 from carbonrouter_lib.plots import MECHANISMS_SHOWN, POLICY_LABELS
 from carbonrouter_lib.policies import POLICIES
 from carbonrouter_lib.prepared import DATASETS, WorkloadConfig
+from carbonrouter_lib.replays import SEASONS
 from carbonrouter_lib.setting import SimulationConfig
 
 if TYPE_CHECKING:
@@ -59,11 +60,6 @@ __all__ = [
     "plot_mechanisms",
 ]
 
-#: Replay windows: the Monday (00:00 UTC) that starts each season's 7-day window, as in
-#: notebook 04's robustness over the year; any other date of the carbon year works too.
-SEASONS: dict[str, str] = {
-    "winter": "2022-01-03", "spring": "2022-04-04", "summer": "2022-07-04", "autumn": "2022-10-03",
-}
 
 #: Replay scales offered: the peak of active sessions P (``"unscaled"``: every conversation once,
 #: the replay before the scale study), up to the results notebooks' default.

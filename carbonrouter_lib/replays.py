@@ -22,7 +22,13 @@ from carbonrouter_lib.prepared import WorkloadConfig
 from carbonrouter_lib.setting import SimulationConfig
 from carbonrouter_lib.sweep import RunSpec
 
-__all__ = ["Setting", "setting", "settings", "specs", "describe"]
+__all__ = ["SEASONS", "Setting", "setting", "settings", "specs", "describe"]
+
+#: Replay windows: the Monday (00:00 UTC) that starts each season's 7-day window, as in
+#: notebook 04's robustness over the year; any other date of the carbon year works too.
+SEASONS: dict[str, str] = {
+    "winter": "2022-01-03", "spring": "2022-04-04", "summer": "2022-07-04", "autumn": "2022-10-03",
+}
 
 #: A replay's workload and simulation configs.
 Setting = tuple[WorkloadConfig, SimulationConfig]

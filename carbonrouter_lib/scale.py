@@ -228,9 +228,6 @@ def scale_specs(
     return pd.DataFrame(rows)
 
 
-_SETTING = ["dataset", "region_set", "memory", "copies"]
-
-
 def run_grid(runs: pd.DataFrame, workloads: Mapping[str, prepared.WorkloadConfig],
              client: Any = None, n_workers: int | None = None,
              memory_gib: float | None = None) -> sweep.SweepResults:
@@ -271,8 +268,10 @@ def scale_table(
     reference: str = metrics.REFERENCE_POLICY,
     n_boot: int = 2000,
     seed: int = 0,
+    by: Sequence[str] = ("dataset", "region_set", "memory", "copies"),
 ) -> pd.DataFrame:
-    """Table 1's quantities for every run of a :func:`scale_specs` grid.
+    """Table 1's quantities for every run of a :func:`scale_specs` grid (or any grid of runs
+    with a ``policy`` and a ``key`` column, its settings told apart by the columns ``by``).
 
     One row per (dataset, region_set, memory, copies, policy) with the scale (``peak_sessions``
     P, ``sessions_per_s``, ``queries``), ``co2_rel`` and ``energy_rel`` (to ``reference``),
@@ -290,7 +289,8 @@ def scale_table(
             "switches_per_session", "share_history_recomputed", "share_best_effort",
             "mean_quality", "slots_per_pool", "kv_tokens_total"]
     rows = []
-    for setting, runs in grid.groupby(_SETTING, sort=False):
+    by = list(by)
+    for setting, runs in grid.groupby(by, sort=False):
         key = dict(zip(runs["policy"], runs["key"], strict=True))
         for name in (reference, target):
             if name not in key:
@@ -300,7 +300,7 @@ def scale_table(
         for policy, k in key.items():
             run = results[k]
             s = run.summary
-            row = dict(zip(_SETTING, setting, strict=True)) | {"policy": policy}
+            row = dict(zip(by, setting, strict=True)) | {"policy": policy}
             row.update({c: float(s[c]) for c in cols})
             row["queries"] = row.pop("n_queries")
             row["co2_rel"] = s["total_co2_kg"] / ref["total_co2_kg"]

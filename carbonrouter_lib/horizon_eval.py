@@ -1,0 +1,172 @@
+"""The horizon router against every policy (notebook 09): the grid of runs, the table, the
+verdicts on its targets (beyond the paper).
+
+The router (:mod:`carbonrouter_lib.policies.horizon`) is compared at the results notebooks'
+default scale (:data:`carbonrouter_lib.scale.DEFAULT_PEAK`) with the five policies of Table 1
+and CarbonRouter with its learned gate, per setting = dataset × region set × KV-memory rule ×
+season (the 7-day window starting on :data:`carbonrouter_lib.replays.SEASONS`' Monday). Its
+parts are ablated and its forecast perturbed (:data:`VARIANTS`, :data:`NOISE`) in the settings
+asked for. Savings are paired bootstrap CIs over conversations (:func:`carbonrouter_lib.scale.
+scale_table`); every run is a compact summary (``output="summary"``), cached by the sweep.
+
+**Tuned on.** The router's design and defaults (J = 16 future turns, the blend forecast,
+smoothing 0.05, the online continuation) were developed while looking at one setting,
+:data:`TUNED`; the tables mark it, and every other setting is held-out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from carbonrouter_lib import replays, scale
+from carbonrouter_lib.replays import SEASONS
+from carbonrouter_lib.sweep import RunSpec
+
+__all__ = ["TARGET", "ONLINE", "VARIANTS", "NOISE", "TUNED", "SETTING", "GRIDS", "grid",
+           "grid_settings", "table", "verdicts", "variants_table"]
+
+#: The router evaluated (registry name; its defaults).
+TARGET = "carbonrouter-horizon"
+#: The online policies it must beat: Table 1's and CarbonRouter with its learned gate.
+ONLINE: tuple[str, ...] = ("session-affinity", "carbon-affinity", "gar", "faircarbon",
+                           "carbonrouter-no-gate", "carbonrouter")
+#: Ablations and the release variant: label → HorizonRouter parameters.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "w/o horizon pricing (J = 0)": {"horizon": 0},
+    "w/o forecast (persistence)": {"forecast": "persistence"},
+    "w/o cache survival": {"cache_survival": False},
+    "w/o model stickiness": {"model_stickiness": False},
+    "+ cache release": {"release": True},
+}
+#: Forecast-error sensitivity: σ of the log-normal error on every forecast value.
+NOISE: tuple[float, ...] = (0.1, 0.3, 0.6)
+#: The setting the router was developed on (the only one not held-out).
+TUNED: dict[str, str] = {"dataset": "sharegpt", "region_set": "paper", "memory": "paper",
+                         "season": "winter"}
+#: The columns that tell settings apart.
+SETTING: tuple[str, ...] = ("dataset", "region_set", "memory", "season")
+
+
+def _settings(datasets, region_sets, memories, seasons) -> list[dict[str, str]]:
+    return [{"dataset": d, "region_set": r, "memory": m, "season": s}
+            for d in datasets for r in region_sets for m in memories for s in seasons]
+
+
+#: The grids of notebook 09: (settings, settings with the ablations and forecast errors).
+#: "reproduce": ShareGPT in the paper's regions under the paper's memory rule in the four
+#: seasons, with ample memory, in the other region set, and the Mooncake trace (winter);
+#: "full": both datasets × both region sets × both memory rules × the four seasons, the
+#: ablations in the four winter settings of the paper's regions; "smoke": the tuned setting
+#: (the notebook's tests).
+GRIDS: dict[str, tuple[list[dict[str, str]], list[dict[str, str]]]] = {
+    "reproduce": (
+        _settings(["sharegpt"], ["paper"], ["paper"], list(SEASONS))
+        + _settings(["sharegpt"], ["paper"], ["paper x10"], ["winter"])
+        + _settings(["sharegpt"], ["em-only"], ["paper"], ["winter"])
+        + _settings(["mooncake"], ["paper"], ["paper"], ["winter"]),
+        _settings(["sharegpt"], ["paper"], ["paper", "paper x10"], ["winter"]),
+    ),
+    "full": (
+        _settings(["sharegpt", "mooncake"], ["paper", "em-only"], ["paper", "paper x10"],
+                  list(SEASONS)),
+        _settings(["sharegpt", "mooncake"], ["paper"], ["paper", "paper x10"], ["winter"]),
+    ),
+    "smoke": ([dict(TUNED)], [dict(TUNED)]),
+}
+
+
+def grid_settings(name: str) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """The settings of :data:`GRIDS` entry ``name`` (KeyError naming the grids otherwise)."""
+    if name not in GRIDS:
+        raise KeyError(f"unknown grid {name!r}; one of {list(GRIDS)}")
+    return GRIDS[name]
+
+
+def noise_label(sigma: float) -> str:
+    return f"forecast error σ = {sigma:g}"
+
+
+def grid(settings: Sequence[Mapping[str, str]], variants_in: Sequence[Mapping[str, str]] = (),
+         noise: Sequence[float] = NOISE, peak: int | str | None = None, seed: int = 0,
+         max_conversations: int | None = None) -> pd.DataFrame:
+    """The runs: every setting (a mapping with the :data:`SETTING` keys) × (:data:`ONLINE` and
+    :data:`TARGET`); in the settings of ``variants_in`` also every :data:`VARIANTS` entry and
+    the forecast errors ``noise``. One row per run: the setting, ``policy`` (a label), ``key``
+    and ``spec`` (a summary run)."""
+    rows = []
+    for st in list(settings) + [v for v in variants_in if v not in settings]:
+        missing = set(SETTING) - set(st)
+        if missing:
+            raise ValueError(f"horizon_eval.grid: setting {dict(st)} lacks {sorted(missing)}")
+        if st["season"] not in SEASONS:
+            raise ValueError(f"horizon_eval.grid: unknown season {st['season']!r}; one of "
+                             f"{list(SEASONS)}")
+        wcfg, scfg = replays.setting(st["dataset"], st["region_set"], peak, st["memory"],
+                                     window_start=SEASONS[st["season"]], seed=seed,
+                                     max_conversations=max_conversations)
+        runs: dict[str, tuple[str, dict[str, Any]]] = {p: (p, {}) for p in (*ONLINE, TARGET)}
+        if st in variants_in:
+            runs |= {label: (TARGET, params) for label, params in VARIANTS.items()}
+            runs |= {noise_label(s): (TARGET, {"forecast_noise": float(s)}) for s in noise}
+        for label, (policy, params) in runs.items():
+            spec = RunSpec.make(wcfg, scfg, policy, params, output="summary")
+            rows.append({k: st[k] for k in SETTING} | {"policy": label, "key": spec.key(),
+                                                       "spec": spec})
+    return pd.DataFrame(rows)
+
+
+def table(results: Mapping[str, Any], runs: pd.DataFrame, n_boot: int = 2000,
+          seed: int = 0) -> pd.DataFrame:
+    """Table 1's quantities of every run (:func:`carbonrouter_lib.scale.scale_table` with the
+    horizon router as the target: ``saving_pct`` and its CI are *its* saving over the row's
+    policy or variant), plus ``held_out`` (False in :data:`TUNED`)."""
+    t = scale.scale_table(results, runs, target=TARGET, n_boot=n_boot, seed=seed, by=SETTING)
+    tuned = np.logical_and.reduce([t[k] == v for k, v in TUNED.items()])
+    return t.assign(held_out=~tuned)
+
+
+def verdicts(t: pd.DataFrame) -> pd.DataFrame:
+    """Per setting, the targets: whether the router has the lowest CO2 of the online policies,
+    the best other online policy and the router's saving over it with its CI (``holds`` when
+    the CI is above 0, ``fails`` when below, ``tie`` otherwise), its P95 TTFT against
+    CarbonRouter's, its quality against Session-Affinity's."""
+    rows = []
+    for setting, g in t.groupby(list(SETTING), sort=False):
+        g = g.set_index("policy")
+        others = g.loc[[p for p in ONLINE if p in g.index]]
+        best = others["co2_rel"].idxmin()
+        me = g.loc[TARGET]
+        b = g.loc[best]
+        if b["ci_low_pct"] > 0:
+            verdict = "holds"
+        elif b["ci_high_pct"] < 0:
+            verdict = "fails"
+        else:
+            verdict = "tie"
+        rows.append(dict(zip(SETTING, setting, strict=True)) | {
+            "held_out": bool(me["held_out"]), "co2_rel": me["co2_rel"],
+            "best_other": best, "best_other_co2_rel": b["co2_rel"],
+            "saving_vs_best_pct": b["saving_pct"], "ci_low_pct": b["ci_low_pct"],
+            "ci_high_pct": b["ci_high_pct"], "lowest_co2": verdict,
+            "p95_ttft_s": me["p95_ttft_s"],
+            "p95_ttft_carbonrouter_s": g.loc["carbonrouter", "p95_ttft_s"]
+            if "carbonrouter" in g.index else np.nan,
+            "quality_rel": me["quality_rel"],
+        })
+    return pd.DataFrame(rows)
+
+
+def variants_table(t: pd.DataFrame) -> pd.DataFrame:
+    """The ablations and forecast errors: per setting where they ran, the router's saving over
+    each variant with its CI (positive: the removed part saves carbon; for a forecast error:
+    what the error costs) and the variant's CO2 and P95 TTFT."""
+    labels = [*VARIANTS, *[noise_label(s) for s in NOISE]]
+    sub = t[t["policy"].isin(labels) | (t["policy"] == TARGET)]
+    keep = sub.groupby(list(SETTING))["policy"].transform(lambda p: p.isin(labels).any())
+    cols = [*SETTING, "held_out", "policy", "co2_rel", "saving_pct", "ci_low_pct", "ci_high_pct",
+            "p95_ttft_s", "kv_hit_rate_tokens", "switches_per_session"]
+    return sub[keep][cols].reset_index(drop=True)
