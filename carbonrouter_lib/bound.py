@@ -45,6 +45,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from numba import njit
 
 from carbonrouter_lib import cache, cost, prepared
 from carbonrouter_lib.carbon import CarbonSignal
@@ -76,6 +77,66 @@ def bound_candidates(deps: Deployments) -> np.ndarray:
     return np.asarray(keep, dtype=np.int64)
 
 
+@njit(cache=True)
+def _dp(c_none, c_rev, c_full, feasible, flags, n_sets):
+    """The DP of :func:`session_bound_dp`, compiled: returns (total, path). States are (the
+    previous deployment, or n for none; the set of flags served); per turn and candidate j the
+    best previous state for each set (first minimum: lowest previous index), then per target
+    set the smallest value (ties: the smallest source set), kept where it improves."""
+    k_turns, n = feasible.shape
+    dp = np.full((n + 1, n_sets), np.inf)
+    dp[n, 0] = 0.0
+    new = np.empty_like(dp)
+    back_p = np.zeros((k_turns, n + 1, n_sets), np.int32)
+    back_s = np.zeros((k_turns, n + 1, n_sets), np.int32)
+    served = np.zeros(k_turns, np.bool_)
+    v_best = np.empty(n_sets)
+    p_best = np.empty(n_sets, np.int64)
+    t_val = np.empty(n_sets)
+    t_src = np.empty(n_sets, np.int64)
+    for k in range(k_turns):
+        if not feasible[k].any():
+            continue
+        served[k] = True
+        new[:] = np.inf
+        for j in range(n):
+            if not feasible[k, j]:
+                continue
+            bit = flags[j]
+            for st in range(n_sets):
+                c = c_rev[k, j] if (st & bit) == bit else c_none[k, j]
+                bv, bp = np.inf, 0
+                for p in range(n + 1):
+                    tot = dp[p, st] + (c_full[k, j] if p == j else c)
+                    if tot < bv:
+                        bv, bp = tot, p
+                v_best[st], p_best[st] = bv, bp
+            t_src[:] = -1
+            for st in range(n_sets):
+                tg = st | bit
+                if t_src[tg] == -1 or v_best[st] < t_val[tg]:
+                    t_val[tg], t_src[tg] = v_best[st], st
+            for tg in range(n_sets):
+                src = t_src[tg]
+                if src != -1 and t_val[tg] < new[j, tg]:
+                    new[j, tg] = t_val[tg]
+                    back_p[k, j, tg] = p_best[src]
+                    back_s[k, j, tg] = src
+        dp, new = new, dp
+    path = np.full(k_turns, -1, np.int64)
+    if not served.any():
+        return 0.0, path
+    flat = np.argmin(dp)
+    p, st = flat // n_sets, flat % n_sets
+    total = dp[p, st]
+    for k in range(k_turns - 1, -1, -1):
+        if not served[k]:
+            continue
+        path[k] = p
+        p, st = back_p[k, p, st], back_s[k, p, st]
+    return total, path
+
+
 def session_bound_dp(
     c_none: np.ndarray, c_rev: np.ndarray, c_full: np.ndarray, feasible: np.ndarray,
     flags: np.ndarray,
@@ -100,55 +161,16 @@ def session_bound_dp(
         Minimum total carbon; the chosen candidate per turn (−1 where skipped) and which cost
         applied (0: never served before, 1: served before, 2: served turn k − 1; −1 skipped).
     """
+    feasible = np.ascontiguousarray(feasible, dtype=np.bool_)
+    flags = np.ascontiguousarray(flags, dtype=np.int64)
     k_turns, n = feasible.shape
-    flags = np.asarray(flags, dtype=np.int64)
     n_bits = int(flags.max()).bit_length() if n else 0
-    n_sets = 1 << n_bits
-    none = n  # "no previous deployment"
-    dp = np.full((n + 1, n_sets), np.inf)
-    dp[none, 0] = 0.0
-    sets = np.arange(n_sets)
-    back_p = np.zeros((k_turns, n + 1, n_sets), dtype=np.int32)
-    back_s = np.zeros((k_turns, n + 1, n_sets), dtype=np.int32)
-    served = np.zeros(k_turns, dtype=bool)
-    for k in range(k_turns):
-        cand = np.flatnonzero(feasible[k])
-        if cand.size == 0:
-            continue
-        served[k] = True
-        new = np.full_like(dp, np.inf)
-        for j in cand:
-            bit = int(flags[j])
-            in_set = (sets & bit) == bit  # (n_sets,)
-            cost = np.where(in_set, c_rev[k, j], c_none[k, j])[None, :].repeat(n + 1, axis=0)
-            cost[j, :] = c_full[k, j]
-            total = dp + cost
-            p_best = np.argmin(total, axis=0)  # first minimum: lowest previous index
-            v_best = total[p_best, sets]
-            target = sets | bit
-            # Per target set, the smallest value (ties: the smallest source set).
-            order = np.lexsort((sets, v_best, target))
-            first = np.ones(order.size, dtype=bool)
-            first[1:] = target[order][1:] != target[order][:-1]
-            src = order[first]
-            tgt = target[src]
-            better = v_best[src] < new[j, tgt]
-            new[j, tgt[better]] = v_best[src][better]
-            back_p[k, j, tgt[better]] = p_best[src][better]
-            back_s[k, j, tgt[better]] = src[better]
-        dp = new
-    if not served.any():
-        return 0.0, np.full(k_turns, -1), np.full(k_turns, -1)
-    flat = int(np.argmin(dp))
-    p, s = divmod(flat, n_sets)
-    total = float(dp[p, s])
-    path = np.full(k_turns, -1)
+    total, path = _dp(np.ascontiguousarray(c_none, np.float64),
+                      np.ascontiguousarray(c_rev, np.float64),
+                      np.ascontiguousarray(c_full, np.float64), feasible, flags, 1 << n_bits)
     kind = np.full(k_turns, -1)
-    for k in range(k_turns - 1, -1, -1):
-        if not served[k]:
-            continue
-        path[k] = p
-        p, s = int(back_p[k, p, s]), int(back_s[k, p, s])
+    if not (path >= 0).any():
+        return 0.0, path, kind
     # Which cost applied at each turn of the path (the DP stores totals only).
     seen = 0
     prev = -1
@@ -231,7 +253,19 @@ def clairvoyant_bound(
     region_c, model_c = deps.region[cand], deps.model[cand]
     e_in, e_cache, e_out = deps.e_in[cand], deps.e_cache[cand], deps.e_out[cand]
 
-    rows: list[pd.DataFrame] = []
+    # per session, the columns of its rows (one frame at the end: a frame per session would
+    # cost more than the DP)
+    cols: dict[str, list[np.ndarray]] = {c: [] for c in (
+        "session", "turn", "n_turns", "deployment", "carbon_g", "energy_kwh", "ci_min",
+        "tracking")}
+
+    def add(i0: int, i1: int, **values) -> None:
+        for c in ("session", "turn", "n_turns"):
+            cols[c].append(frame_of[c][i0:i1])
+        for c, v in values.items():
+            cols[c].append(np.broadcast_to(v, (i1 - i0,)))
+
+    frame_of = {"session": session, "turn": turn, "n_turns": n_turns}
     it = zip(starts.tolist(), ends.tolist(), strict=True)
     if progress:
         from tqdm import tqdm
@@ -246,11 +280,9 @@ def clairvoyant_bound(
         ci_min = np.stack([grid[a:b + 1].min(axis=0) for a, b in zip(r_lo, r_hi, strict=True)])
         feas_s = feasible_all[i0:i1][:, cand]
         used = np.flatnonzero(feas_s.any(axis=0))
-        frame = {"session": session[i0:i1], "turn": turn[i0:i1], "n_turns": n_turns[i0:i1]}
         if used.size == 0:  # no turn has a feasible deployment: every policy rejects them all
-            rows.append(pd.DataFrame({**frame, "deployment": -1, "carbon_g": 0.0,
-                                      "energy_kwh": 0.0, "ci_min": np.nan,
-                                      "tracking": "deployment"}))
+            add(i0, i1, deployment=-1, carbon_g=0.0, energy_kwh=0.0, ci_min=np.nan,
+                tracking="deployment")
             continue
         feas = feas_s[:, used]
         m, r = model_c[used], region_c[used]
@@ -277,12 +309,13 @@ def clairvoyant_bound(
         energy = np.where(served, np.choose(np.maximum(kind, 0), [e_none[ks, js], e_rev[ks, js],
                                                                   e_full[ks, js]]), 0.0)
         ci_used = np.where(served, ci[ks, js], np.nan)
-        rows.append(pd.DataFrame({
-            **frame, "deployment": np.where(served, cand[used][js], -1),
-            "carbon_g": np.where(served, ci_used * energy, 0.0), "energy_kwh": energy,
-            "ci_min": ci_used, "tracking": tracking,
-        }))
-    return pd.concat(rows, ignore_index=True)
+        add(i0, i1, deployment=np.where(served, cand[used][js], -1),
+            carbon_g=np.where(served, ci_used * energy, 0.0), energy_kwh=energy,
+            ci_min=ci_used, tracking=tracking)
+    out = {c: np.concatenate(v) for c, v in cols.items()}
+    out["deployment"] = out["deployment"].astype(np.int64)
+    out["tracking"] = out["tracking"].astype(object)
+    return pd.DataFrame(out)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -193,3 +193,95 @@ def test_comparison_excludes_capacity_rejections_and_measures_the_share():
                                                     AMPLE).records, "faircarbon": rec}, bound)
     assert (cmp["n_sessions_excluded"] == len(rejected)).all()
     assert (cmp["n_sessions"] == 7 - len(rejected)).all()
+
+
+# The DP as first written with numpy (whole arrays per candidate), kept as the oracle of the
+# compiled one: both must find the same minimum, path and costs, ties included.
+def _reference_dp(
+    c_none: np.ndarray, c_rev: np.ndarray, c_full: np.ndarray, feasible: np.ndarray,
+    flags: np.ndarray,
+) -> tuple[float, np.ndarray, np.ndarray]:
+    """The numpy DP the compiled one replaced (the oracle)."""
+    k_turns, n = feasible.shape
+    flags = np.asarray(flags, dtype=np.int64)
+    n_bits = int(flags.max()).bit_length() if n else 0
+    n_sets = 1 << n_bits
+    none = n  # "no previous deployment"
+    dp = np.full((n + 1, n_sets), np.inf)
+    dp[none, 0] = 0.0
+    sets = np.arange(n_sets)
+    back_p = np.zeros((k_turns, n + 1, n_sets), dtype=np.int32)
+    back_s = np.zeros((k_turns, n + 1, n_sets), dtype=np.int32)
+    served = np.zeros(k_turns, dtype=bool)
+    for k in range(k_turns):
+        cand = np.flatnonzero(feasible[k])
+        if cand.size == 0:
+            continue
+        served[k] = True
+        new = np.full_like(dp, np.inf)
+        for j in cand:
+            bit = int(flags[j])
+            in_set = (sets & bit) == bit  # (n_sets,)
+            cost = np.where(in_set, c_rev[k, j], c_none[k, j])[None, :].repeat(n + 1, axis=0)
+            cost[j, :] = c_full[k, j]
+            total = dp + cost
+            p_best = np.argmin(total, axis=0)  # first minimum: lowest previous index
+            v_best = total[p_best, sets]
+            target = sets | bit
+            # Per target set, the smallest value (ties: the smallest source set).
+            order = np.lexsort((sets, v_best, target))
+            first = np.ones(order.size, dtype=bool)
+            first[1:] = target[order][1:] != target[order][:-1]
+            src = order[first]
+            tgt = target[src]
+            better = v_best[src] < new[j, tgt]
+            new[j, tgt[better]] = v_best[src][better]
+            back_p[k, j, tgt[better]] = p_best[src][better]
+            back_s[k, j, tgt[better]] = src[better]
+        dp = new
+    if not served.any():
+        return 0.0, np.full(k_turns, -1), np.full(k_turns, -1)
+    flat = int(np.argmin(dp))
+    p, s = divmod(flat, n_sets)
+    total = float(dp[p, s])
+    path = np.full(k_turns, -1)
+    kind = np.full(k_turns, -1)
+    for k in range(k_turns - 1, -1, -1):
+        if not served[k]:
+            continue
+        path[k] = p
+        p, s = int(back_p[k, p, s]), int(back_s[k, p, s])
+    # Which cost applied at each turn of the path (the DP stores totals only).
+    seen = 0
+    prev = -1
+    for k in range(k_turns):
+        j = int(path[k])
+        if j < 0:
+            continue
+        bit = int(flags[j])
+        kind[k] = 2 if j == prev else (1 if seen & bit == bit else 0)
+        seen |= bit
+        prev = j
+    return total, path, kind
+
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_compiled_dp_equals_the_numpy_dp(seed):
+    rng = np.random.default_rng(seed)
+    k, n = int(rng.integers(1, 9)), int(rng.integers(1, 7))
+    # small integer costs: many exact ties, which both must break the same way
+    c_full = rng.integers(0, 4, (k, n)).astype(float)
+    c_rev = c_full + rng.integers(0, 3, (k, n))
+    c_none = c_rev + rng.integers(0, 3, (k, n))
+    feasible = rng.random((k, n)) < 0.7
+    feasible[rng.integers(0, k)] = False  # a turn every policy rejects
+    if seed % 2:
+        flags = 1 << np.arange(n)
+    else:  # region+model bits: several candidates share a bit
+        flags = (1 << rng.integers(0, 2, n)) | (1 << (2 + rng.integers(0, 2, n)))
+    got = session_bound_dp(c_none, c_rev, c_full, feasible, flags)
+    want = _reference_dp(c_none, c_rev, c_full, feasible, flags)
+    assert got[0] == want[0]
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[2], want[2])
