@@ -40,12 +40,7 @@ def main(only: list[str]) -> None:
         return
     results = scale.run_grid(todo, workloads, n_workers=1)
     new = scale.scale_table(results, todo, target=TARGET, n_boot=N_BOOT, seed=SEED)
-    keys = ["dataset", "region_set", "memory", "copies", "policy"]
-    table = (pd.concat([old, new[old.columns]], ignore_index=True)
-             .drop_duplicates(keys, keep="last"))
-    rank = {"sharegpt": 0, "mooncake": 1} | {p: i for i, p in enumerate(scale.SCALE_POLICIES)}
-    table = table.sort_values(keys, key=lambda c: c.map(rank) if c.name in ("dataset", "policy")
-                              else c, kind="stable").reset_index(drop=True)
+    table = in_study_order(pd.concat([old, new[old.columns]], ignore_index=True), old)
     mooncake_peak = int(pd.read_csv(HERE / "scale_full_default.csv")
                         .set_index("dataset").loc["default", "mooncake_peak"])
     _write(table, "scale_full.csv")
@@ -53,6 +48,29 @@ def main(only: list[str]) -> None:
     _write(scale.choose_default(table, datasets=list(workloads), mooncake_peak=mooncake_peak),
            "scale_full_default.csv")
     _write(scale.claims(table, target=TARGET), "scale_full_claims.csv")
+
+
+def in_study_order(table: pd.DataFrame, reference: pd.DataFrame) -> pd.DataFrame:
+    """One row per run, in the reference table's order: (dataset, region set) as they first
+    appear (new ones after), then copies, then the memory rules and the policies in their
+    order — so an extended table differs from the committed one by its added rows only."""
+    keys = ["dataset", "region_set", "memory", "copies", "policy"]
+    table = table.drop_duplicates(keys, keep="last")
+
+    def rank(cols: list[str]) -> dict:
+        seen = dict.fromkeys(reference[cols].itertuples(index=False, name=None))
+        seen |= dict.fromkeys(table[cols].itertuples(index=False, name=None))
+        return {g: i for i, g in enumerate(seen)}
+
+    group, memory = rank(["dataset", "region_set"]), rank(["memory"])
+    policy = {p: i for i, p in enumerate(scale.SCALE_POLICIES)}
+    order = pd.DataFrame({
+        "group": [group[g] for g in table[keys[:2]].itertuples(index=False, name=None)],
+        "copies": table["copies"].to_numpy(),
+        "memory": [memory[(m,)] for m in table["memory"]],
+        "policy": table["policy"].map(policy).to_numpy()}, index=table.index)
+    return table.loc[order.sort_values(["group", "copies", "memory", "policy"],
+                                       kind="stable").index].reset_index(drop=True)
 
 
 def _write(frame: pd.DataFrame, name: str) -> None:
