@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--quick", action="store_true", help="1 repeat, no session scaling")
     parser.add_argument("--cpu", type=int, default=None,
                         help="core to pin to (default: the last one this process may use)")
+    parser.add_argument("--decisions-only", action="store_true",
+                        help="only (a), the decision latency (results: simulator_decisions)")
     args = parser.parse_args(argv)
     repeats = 1 if args.quick else args.repeats
 
@@ -179,8 +181,14 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                for k, r in REGIONS.items()}
     rows = []
     t0 = time.perf_counter()
-    rows += gate_training(full, signals[4])
+    if not args.decisions_only:
+        rows += gate_training(full, signals[4])
     rows += decision_latency(full, signals[4])
+    if args.decisions_only:
+        result = pd.DataFrame(rows)
+        save_table(result, "simulator_decisions", args.results_dir)
+        _print(result)
+        return result
     rows += throughput(full, list(POLICIES), signals[4], REGIONS[4], repeats, "throughput")
     for k in (2, 8):
         rows += throughput(full, TARGET_POLICIES, signals[k], REGIONS[k], repeats,
@@ -210,9 +218,11 @@ def _print(result: pd.DataFrame) -> None:
                            "display.float_format", "{:,.2f}".format):
         lat = result[result.measurement == "decision_latency"]
         print("\n(a) decision latency per query, µs (60 deployments, full ShareGPT)")
-        print(lat.pivot(index="policy", columns="statistic", values="value")
+        print(lat.pivot(index=["policy", "engine"], columns="statistic", values="value")
               [["p50", "p99", "mean", "max"]])
         rate = result[result.statistic.isin(["median_rate", "best_rate", "median_wall"])]
+        if rate.empty:  # --decisions-only
+            return
         print("\n(b, d) replay throughput (queries/s) and median wall time (s)")
         print(rate.pivot_table(index=["measurement", "n_deployments", "n_sessions",
                                       "n_queries", "policy"],

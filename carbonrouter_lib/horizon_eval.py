@@ -26,8 +26,8 @@ from carbonrouter_lib import replays, scale
 from carbonrouter_lib.replays import SEASONS
 from carbonrouter_lib.sweep import RunSpec
 
-__all__ = ["TARGET", "ONLINE", "VARIANTS", "NOISE", "TUNED", "SETTING", "GRIDS", "grid",
-           "grid_settings", "table", "verdicts", "variants_table"]
+__all__ = ["TARGET", "ONLINE", "VARIANTS", "NOISE", "TUNED", "SETTING", "GRIDS", "setting",
+           "grid", "grid_settings", "table", "verdicts", "variants_table"]
 
 #: The router evaluated (registry name; its defaults).
 TARGET = "carbonrouter-horizon"
@@ -98,6 +98,18 @@ def noise_label(sigma: float) -> str:
     return f"forecast error σ = {sigma:g}"
 
 
+def setting(st: Mapping[str, str], peak: int | str | None = None, seed: int = 0,
+            max_conversations: int | None = None) -> replays.Setting:
+    """The workload and simulation configs of a setting (a mapping with the :data:`SETTING`
+    keys): :func:`carbonrouter_lib.replays.setting` with the season's window."""
+    if st["season"] not in SEASONS:
+        raise ValueError(f"horizon_eval: unknown season {st['season']!r}; one of "
+                         f"{list(SEASONS)}")
+    return replays.setting(st["dataset"], st["region_set"], peak, st["memory"],
+                           window_start=SEASONS[st["season"]], seed=seed,
+                           max_conversations=max_conversations)
+
+
 def grid(settings: Sequence[Mapping[str, str]], variants_in: Sequence[Mapping[str, str]] = (),
          noise: Sequence[float] = NOISE, peak: int | str | None = None, seed: int = 0,
          max_conversations: int | None = None) -> pd.DataFrame:
@@ -110,12 +122,7 @@ def grid(settings: Sequence[Mapping[str, str]], variants_in: Sequence[Mapping[st
         missing = set(SETTING) - set(st)
         if missing:
             raise ValueError(f"horizon_eval.grid: setting {dict(st)} lacks {sorted(missing)}")
-        if st["season"] not in SEASONS:
-            raise ValueError(f"horizon_eval.grid: unknown season {st['season']!r}; one of "
-                             f"{list(SEASONS)}")
-        wcfg, scfg = replays.setting(st["dataset"], st["region_set"], peak, st["memory"],
-                                     window_start=SEASONS[st["season"]], seed=seed,
-                                     max_conversations=max_conversations)
+        wcfg, scfg = setting(st, peak, seed, max_conversations)
         runs: dict[str, tuple[str, dict[str, Any]]] = {p: (p, {}) for p in (*ONLINE, TARGET)}
         if st in variants_in:
             runs |= {label: (TARGET, params) for label, params in VARIANTS.items()}

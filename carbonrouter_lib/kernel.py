@@ -250,19 +250,22 @@ def _forest(f, z, left, right, feature, threshold, default_left, tree_start, n_t
 # ---------------------------------------------------------------------------------------------
 
 @njit(cache=True)
-def horizon_future(future, miss, surv, rho, fc, post_m, new_m, out_m, stay_m, e_in, e_cache,
-                   e_out, region, model, kv_pool, keep, n_models, cache_survival,
+def horizon_future(future, miss, work, surv, rho, fc, post_m, new_m, out_m, stay_m, e_in,
+                   e_cache, e_out, region, model, kv_pool, keep, n_models, cache_survival,
                    model_stickiness):
     """The expected carbon of the session's future turns on each deployment, gCO2e, written to
-    ``future`` (n,) (``miss``: scratch (n,)); the sum of :mod:`carbonrouter_lib.policies.
+    ``future`` (n,) (``miss``: scratch (n,); ``work``: scratch (2·regions + 2·models,), so that
+    a decision allocates nothing); the sum of :mod:`carbonrouter_lib.policies.
     horizon` in its closed form. ``surv`` (J,): S_k(j); ``rho``: the chance a future turn is
     still on the chosen deployment, per turn; ``fc`` (regions, J): the forecast; ``post_m``,
     ``new_m``, ``out_m``, ``stay_m`` per model: H_0, n̄_new, n̄_out, q_m; ``keep`` per KV pool:
     p. Shared by the Python policy and the compiled loop, so both compute the same values (the
     sums over j run in order)."""
     n_r, n_j = fc.shape
-    a_r = np.zeros(n_r)
-    b_r = np.zeros(n_r)
+    a_r, b_r = work[:n_r], work[n_r:2 * n_r]
+    best, move = work[2 * n_r:2 * n_r + n_models], work[2 * n_r + n_models:]
+    a_r[:] = 0.0
+    b_r[:] = 0.0
     for r in range(n_r):
         for j in range(n_j):
             w = fc[r, j] * (surv[j] * rho ** j)
@@ -282,11 +285,11 @@ def horizon_future(future, miss, surv, rho, fc, post_m, new_m, out_m, stay_m, e_
     if model_stickiness:
         # the cheapest recomputing deployment of each model, then for each model the cheapest
         # of the other models: where the session goes if its model turns infeasible
-        best = np.full(n_models, np.inf)
+        best[:] = np.inf
         for d in range(len(future)):
             if miss[d] < best[model[d]]:
                 best[model[d]] = miss[d]
-        move = np.full(n_models, np.inf)
+        move[:] = np.inf
         for m in range(n_models):
             for m2 in range(n_models):
                 if m2 != m and best[m2] < move[m]:
@@ -396,6 +399,7 @@ def _replay(
     future = np.zeros(nd)
     miss_buf = np.zeros(nd)
     post_m = np.zeros(n_m)
+    h_work = np.empty(2 * n_regions + 2 * n_m)
     h_keep = np.full(n_kv, h_keep0)
     h_stayed = 1.0
     cur_row = -1
@@ -593,7 +597,7 @@ def _replay(
                 return 2, t
             for m in range(n_m):
                 post_m[m] = hist_f[at + m] + new_f[at + m] + est_f[at + m]
-            horizon_future(future, miss_buf, h_survival[fo, kk, :h_j],
+            horizon_future(future, miss_buf, h_work, h_survival[fo, kk, :h_j],
                            h_stayed if h_online else h_rho, h_fc[fr, fo], post_m, h_new[fo],
                            h_out[fo], h_stay[fo], e_in, e_cache, e_out, region, model, kvp_of,
                            h_keep, n_m, h_cache_survival, h_stickiness)

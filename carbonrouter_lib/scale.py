@@ -26,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -240,9 +242,6 @@ def run_grid(runs: pd.DataFrame, workloads: Mapping[str, prepared.WorkloadConfig
     the others, so that a 24-GiB, 2-core machine replays 8M-query runs without running out of
     memory. Returns the results of every run (``n_cached``, ``n_computed`` and ``wall_s``
     summed over both parts)."""
-    import os
-    import time
-
     if memory_gib is None:
         memory_gib = 0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     workers = n_workers or os.cpu_count() or 1

@@ -290,6 +290,36 @@ def simulate(
     est = prepared.model_matrix(table, "est_output_tokens").astype(np.float64)
     qual = prepared.model_matrix(table, "quality").astype(np.float64)
     first_row = np.flatnonzero(turn == 0)
+    # sessions' first turns in time order (ties by row): the arrivals both loops merge in
+    first_order = np.lexsort((first_row, arrival[first_row]))
+    # Everything of Eq. 4–7 that does not depend on dispatch, for all queries at once.
+    conversation = prepared.conversation_codes(table)
+    batch = QueryBatch(deps, new, hist, est, qual, constraints, conversation=conversation)
+
+    def replay_info(span_s: tuple[float, float]) -> kernel.ReplayInfo:
+        return kernel.ReplayInfo(sessions=session[first_row],
+                                 conversations=conversation[first_row],
+                                 n_regions=len(deps.regions), signal=signal, span_s=span_s)
+
+    spec = None
+    if engine != "python":
+        spec = policy.compiled(replay_info(_span(table, signal)))
+        if spec is None and engine == "compiled":
+            raise ValueError(f"simulate: the compiled loop cannot replay {policy!r} (it knows "
+                             f"{sorted(kernel.CODES)} and CarbonRouter's learned gate); use "
+                             f"engine='python'")
+    if spec is not None:
+        loop_arrays = dict(
+            sess=np.cumsum(turn == 0) - 1,  # sessions 0, 1, … in row order (see below)
+            turn=turn, n_turns=n_turns, think=think, n_sessions=len(first_row),
+            new_f=new.ravel(), hist_f=hist.ravel(), out_f=out.ravel(), est_f=est.ravel(),
+            qual=qual, n_m=new.shape[1], arr_t=arrival[first_row][first_order],
+            arr_row=first_row[first_order])
+        rec, counters, dec_ns = _replay_compiled(
+            spec, loop_arrays, replay_info, table, deps, batch, signal, be, backend_cfg,
+            constraints, policy, progress, time_decisions)
+        return _result(rec, table, deps, batch, signal, new, hist, out, qual, conversation,
+                       policy, backend_cfg, counters, dec_ns)
 
     # The loop reads scalars: Python lists and typed arrays are much faster to index, and
     # Python floats to do arithmetic on, than numpy scalars (the values, and so the results,
@@ -300,24 +330,6 @@ def simulate(
     new_l, hist_l, out_l = (array.array("d", x.tobytes()) for x in (new, hist, out))
     v_pre, v_dec = deps.v_pre.tolist(), deps.v_dec.tolist()
     model_of, n_dep = deps.model.tolist(), deps.n
-    # Everything of Eq. 4–7 that does not depend on dispatch, for all queries at once.
-    conversation = prepared.conversation_codes(table)
-    batch = QueryBatch(deps, new, hist, est, qual, constraints, conversation=conversation)
-    spec = None
-    if engine != "python":
-        spec = policy.compiled(kernel.ReplayInfo(
-            sessions=session[first_row], conversations=conversation[first_row],
-            n_regions=len(deps.regions), signal=signal, span_s=_span(table, signal)))
-        if spec is None and engine == "compiled":
-            raise ValueError(f"simulate: the compiled loop cannot replay {policy!r} (it knows "
-                             f"{sorted(kernel.CODES)} and CarbonRouter's learned gate); use "
-                             f"engine='python'")
-    if spec is not None:
-        rec, counters, dec_ns = _replay_compiled(
-            spec, table, deps, batch, signal, be, backend_cfg, constraints, new, hist, out, est,
-            qual, first_row, policy, progress, conversation, time_decisions)
-        return _result(rec, table, deps, batch, signal, new, hist, out, qual, conversation,
-                       policy, backend_cfg, counters, dec_ns)
     ctx, cand = QueryContext(deps), Candidates(deps.n)
     ctx.backend, ctx.signal = be, signal
 
@@ -347,7 +359,6 @@ def simulate(
     # break the remaining ties: the order of (time, kind, row) with 2-tuples, faster to compare.
     # Sessions' first turns are merged in from a sorted list rather than kept in the heap, so
     # the heap holds only what is in flight (about the active sessions).
-    first_order = np.lexsort((first_row, arrival[first_row]))
     arrivals = list(zip(arrival[first_row][first_order].tolist(),
                         (n + first_row[first_order]).tolist(), strict=True))
     arrivals.append((math.inf, 2 * n))  # sentinel
@@ -448,33 +459,24 @@ def simulate(
                    backend_cfg, be.counters(), dec_ns)
 
 
-def _replay_compiled(spec: dict, table: pd.DataFrame, deps: Deployments, batch: QueryBatch,
+def _replay_compiled(spec: dict, loop_arrays: dict[str, np.ndarray], replay_info,
+                     table: pd.DataFrame, deps: Deployments, batch: QueryBatch,
                      signal: CarbonSignal, be: Backend, backend_cfg: BackendConfig,
-                     constraints, new: np.ndarray, hist: np.ndarray, out: np.ndarray,
-                     est: np.ndarray, qual: np.ndarray, first_row: np.ndarray, policy: Policy,
-                     progress: bool, conversation: np.ndarray, time_decisions: bool
+                     constraints, policy: Policy, progress: bool, time_decisions: bool
                      ) -> tuple[dict[str, np.ndarray], dict[str, int], np.ndarray | None]:
     """The replay by :mod:`carbonrouter_lib.kernel`: the loop columns and the backend's
     counters (the same as the Python loop's), and each decision's time in ns with
     ``time_decisions`` (time-stamp-counter cycles, calibrated against ``perf_counter_ns``
-    over the replay)."""
+    over the replay). ``loop_arrays``: the table's arrays as the loop reads them (sessions
+    numbered 0, 1, … in row order: rows are grouped by session with ids ascending
+    (check_table), so the numbering keeps the order of ids the backend breaks ties by);
+    ``replay_info(span_s)``: the :class:`kernel.ReplayInfo` asked of the policy."""
     n = len(table)
-    turn = table["turn"].to_numpy(np.int64)
-    arrival = table["arrival_s"].to_numpy(np.float64)
-    # Sessions numbered 0, 1, … in row order: rows are grouped by session with ids ascending
-    # (check_table), so the numbering keeps the order of ids the backend breaks ties by.
-    dense = np.cumsum(turn == 0) - 1
-    first_order = np.lexsort((first_row, arrival[first_row]))
     rec = {name: np.zeros(n, dtype) for name, dtype, _ in _LOOP_FIELDS}
     counters = np.zeros(len(kernel.COUNTERS), np.int64)
     span_lo, span_hi = signal._span_s
     arrays = dict(
-        sess=dense, turn=turn, n_turns=table["n_turns"].to_numpy(np.int64),
-        think=table["think_s"].to_numpy(np.float64), n_sessions=len(first_row),
-        new_f=np.ascontiguousarray(new).ravel(), hist_f=np.ascontiguousarray(hist).ravel(),
-        out_f=np.ascontiguousarray(out).ravel(), est_f=np.ascontiguousarray(est).ravel(),
-        qual=np.ascontiguousarray(qual), n_m=new.shape[1],
-        arr_t=arrival[first_row][first_order], arr_row=first_row[first_order].astype(np.int64),
+        **loop_arrays,
         e_base=batch.energy_base, e_unc=batch.energy_uncached, ok_all=batch.ok,
         fast_all=batch.fast, block=batch.block,
         model=deps.model.astype(np.int64), pool=np.asarray(deps.pool, np.int64),
@@ -505,10 +507,7 @@ def _replay_compiled(spec: dict, table: pd.DataFrame, deps: Deployments, batch: 
         if status != 2:
             break
         lo, hi = _span(table, signal)
-        spec = policy.compiled(kernel.ReplayInfo(
-            sessions=table["session"].to_numpy(np.int64)[first_row],
-            conversations=conversation[first_row], n_regions=len(deps.regions), signal=signal,
-            span_s=(lo, max(hi, t) + 7 * 86400.0)))
+        spec = policy.compiled(replay_info((lo, max(hi, t) + 7 * 86400.0)))
         for col in rec.values():
             col[:] = 0
         counters[:] = 0

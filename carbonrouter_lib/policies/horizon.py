@@ -289,6 +289,7 @@ class HorizonRouter(Policy):
         state.kv_pool = np.asarray(state.kv_pool, np.int64)
         state.other_models = ~np.eye(len(d.models), dtype=bool)
         state.future, state.miss = np.zeros(d.n), np.zeros(d.n)
+        state.work = np.empty(2 * len(d.regions) + 2 * len(d.models))
         return state
 
     # ---- the decision -----------------------------------------------------------------------
@@ -314,8 +315,8 @@ class HorizonRouter(Policy):
         fc = st.forecast(ctx.time_s, model.gap_s[f], self.horizon, f)  # (n_regions, J)
         post = ctx.n_hist_m + ctx.n_new_m + ctx.n_out_est_m  # H_0 per model
         kernel.horizon_future(
-            st.future, st.miss, model.survival[f, k, :self.horizon], float(rho), fc, post,
-            model.new_tokens[f], model.out_tokens[f], model.stay_feasible[f], st.e_in,
+            st.future, st.miss, st.work, model.survival[f, k, :self.horizon], float(rho), fc,
+            post, model.new_tokens[f], model.out_tokens[f], model.stay_feasible[f], st.e_in,
             st.e_cache, st.e_out, st.region, st.model, st.kv_pool, st.keep,
             st.other_models.shape[0], self.cache_survival, self.model_stickiness)
         return cand.argmin(cand.carbon + st.future)
