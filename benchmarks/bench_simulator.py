@@ -101,7 +101,7 @@ def decision_latency(table: pd.DataFrame, signal: CarbonSignal) -> list[dict]:
                                          signal=signal, time_decisions=True, engine=engine)
             except ValueError as e:
                 if "cannot replay" in str(e):
-                    continue  # a policy only the Python loop replays (the oracle gate)
+                    continue  # a policy only the Python loop replays
                 raise
             us = res.decision_ns / 1e3
             for stat, value in (("p50", np.percentile(us, 50)), ("p99", np.percentile(us, 99)),

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import cache, cost, prepared
+from carbonrouter_lib import cache, cost, kernel, prepared
 from carbonrouter_lib.backend import BackendConfig
 from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.outputs import atomic_path
@@ -94,6 +94,9 @@ FEATURES: tuple[str, ...] = (
     "quality_b", "quality_g",
 )
 _N_F = len(FEATURES)
+#: The columns of :meth:`TwoBranchLabeler.frame`.
+_LABEL_COLUMNS = ["session", "conversation", "turn", "row", "g", "b", *FEATURES,
+                  "carbon_switch_g", "carbon_stay_g", "label"]
 _HOUR_S = 3600.0
 
 
@@ -178,11 +181,18 @@ class TwoBranchLabeler:
         self._out = prepared.model_matrix(table, "output_tokens").astype(np.float64)
         self._think = table["think_s"].to_numpy(dtype=np.float64)
         self._last = (table["turn"].to_numpy() == table["n_turns"].to_numpy() - 1)
+        self.pricing = pricing
         self._proposer = CarbonRouter(pricing=pricing)
         self._ctx2 = QueryContext(self._deps)
         self._cand2 = Candidates(self._deps.n)
         self._z = np.empty(_N_F)
         self.rows: list[dict] = []
+        # for the compiled replay's opportunities: ids by row, and the finished tables
+        self._session = table["session"].to_numpy(np.int64)
+        self._turn = table["turn"].to_numpy(np.int64)
+        self._conversation = prepared.conversation_codes(table)
+        self._parts: list[pd.DataFrame] = []
+        self._pending: dict[str, np.ndarray] | None = None
 
     def branch_carbon(self, ctx: QueryContext, a: int) -> float:
         """Realized carbon, gCO2e, of serving the current query on ``a`` plus the session's next
@@ -232,12 +242,47 @@ class TwoBranchLabeler:
         self.rows.append(row)
         return -math.inf
 
+    def compiled(self, conversations: np.ndarray) -> dict[str, np.ndarray] | None:
+        """The labelling as the compiled loop's gate (:func:`carbonrouter_lib.kernel.rule`):
+        the loop computes the same features and branch carbons and writes them to arrays that
+        :meth:`frame` reads after the replay. ``conversations``: unused (the labels need no
+        folds). None for a subclass (its ``__call__`` may differ)."""
+        if type(self) is not TwoBranchLabeler:
+            return None
+        self._flush()
+        cap = int((self._turn > 0).sum())  # an opportunity is a later turn of its session
+        self._pending = dict(
+            g_kind=kernel.GATE_KINDS["labels"], l_row=np.empty(cap, np.int64),
+            l_g=np.empty(cap, np.int64), l_b=np.empty(cap, np.int64), l_z=np.empty((cap, _N_F)),
+            l_sw=np.empty(cap), l_st=np.empty(cap), l_n=np.zeros(1, np.int64))
+        return self._pending
+
+    def _flush(self) -> None:
+        """Move the rows of earlier replays (the Python loop's, then a compiled one's) into
+        :attr:`_parts`, in replay order."""
+        if self.rows:
+            self._parts.append(pd.DataFrame(self.rows, columns=_LABEL_COLUMNS))
+            self.rows = []
+        out, self._pending = self._pending, None
+        if out is None or out["l_n"][0] == 0:
+            return
+        q = int(out["l_n"][0])
+        row = out["l_row"][:q]
+        sw, st = out["l_sw"][:q], out["l_st"][:q]
+        part = pd.DataFrame({"session": self._session[row],
+                             "conversation": self._conversation[row].astype(np.int64),
+                             "turn": self._turn[row], "row": row, "g": out["l_g"][:q],
+                             "b": out["l_b"][:q]})
+        part = pd.concat([part, pd.DataFrame(out["l_z"][:q], columns=list(FEATURES))], axis=1)
+        self._parts.append(part.assign(carbon_switch_g=sw, carbon_stay_g=st, label=sw - st))
+
     def frame(self) -> pd.DataFrame:
         """The opportunities as a table (columns: ids, :data:`FEATURES`, carbon of both
-        branches, ``label``)."""
-        cols = ["session", "conversation", "turn", "row", "g", "b", *FEATURES,
-                "carbon_switch_g", "carbon_stay_g", "label"]
-        return pd.DataFrame(self.rows, columns=cols)
+        branches, ``label``), in the order the replays met them."""
+        self._flush()
+        if not self._parts:
+            return pd.DataFrame([], columns=_LABEL_COLUMNS)
+        return pd.concat(self._parts, ignore_index=True)
 
 
 class OracleGate:
@@ -252,7 +297,13 @@ class OracleGate:
 
     def __init__(self, table: pd.DataFrame, config: SimulationConfig, pricing: bool = True
                  ) -> None:
+        self.pricing = pricing
         self._labeler = TwoBranchLabeler(table, config, pricing=pricing)
+
+    def compiled(self, conversations: np.ndarray) -> dict[str, Any] | None:
+        """The oracle as the compiled loop's gate (:func:`carbonrouter_lib.kernel.rule`): the
+        loop computes the same two branches. None for a subclass."""
+        return {"g_kind": kernel.GATE_KINDS["oracle"]} if type(self) is OracleGate else None
 
     def __call__(self, ctx: QueryContext, cand: Candidates, g: int, b: int) -> float:
         branch = self._labeler.branch_carbon
@@ -266,12 +317,14 @@ def collect_opportunities(
     backend: BackendConfig | None = None,
     pricing: bool = True,
     progress: bool = False,
+    engine: str = "auto",
 ) -> pd.DataFrame:
     """Replay ``table`` with the proposal policy (CarbonRouter without gate, ``pricing`` as
     given) and return every switch opportunity with its features and two-branch label
     (:meth:`TwoBranchLabeler.frame`).
 
-    ``config``, ``signal``, ``backend``: as :func:`carbonrouter_lib.simulator.simulate`.
+    ``config``, ``signal``, ``backend``, ``engine``: as
+    :func:`carbonrouter_lib.simulator.simulate` (both engines give the same table).
     """
     from carbonrouter_lib.simulator import simulate  # the replay of the labels
 
@@ -279,7 +332,7 @@ def collect_opportunities(
     signal = config.signal(signal)
     labeler = TwoBranchLabeler(table, config, pricing=pricing)
     simulate(table, CarbonRouter(delta=0.0, gate=labeler, pricing=pricing), config, signal,
-             backend, progress=progress)
+             backend, progress=progress, engine=engine)
     return labeler.frame()
 
 

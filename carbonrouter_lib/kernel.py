@@ -6,7 +6,8 @@ the backend (:class:`~carbonrouter_lib.backend.Backend`), the context and candid
 *reference*: any policy, any hook, decision timing. This module is the same loop — the event
 order, the backend's slots, KV pools, eviction, expiry and overflow, the feasibility step of Eq. 7
 and the decision rules of Session-Affinity, Carbon-Affinity, GAR†, FairCarbon, CarbonRouter
-(with or without pricing; no gate, or the learned XGBoost gate as arrays) and the horizon router
+(with or without pricing; no gate, the learned XGBoost gate as arrays, the oracle gate, or the
+two-branch labelling that trains the learned gate: :func:`_branch`) and the horizon router
 (its forecasts precomputed per grid row and fold; its price of the future, :func:`horizon_future`,
 is the one its Python ``choose`` calls) — written over arrays
 and compiled, one call per replay. ``simulate`` uses it for those policies (``engine="auto"``)
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import math
 import platform
+from collections import namedtuple
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,17 +45,21 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.typed import List
 
-__all__ = ["CODES", "COUNTERS", "TIMES_DECISIONS", "ReplayInfo", "cycles", "horizon_future",
-           "replay", "rule"]
+__all__ = ["CODES", "COUNTERS", "GATE_KINDS", "TIMES_DECISIONS", "ReplayInfo", "cycles",
+           "horizon_future", "replay", "rule"]
 
 #: Policy codes of the compiled decision rules.
 CODES = {"session-affinity": 0, "carbon-affinity": 1, "faircarbon": 2, "gar": 3,
          "carbonrouter": 4, "carbonrouter-horizon": 5}
+#: CarbonRouter's gates the loop computes itself (``g_kind``; the learned gate's trees are arrays).
+GATE_KINDS = {"learned": 0, "oracle": 1, "labels": 2}
 #: Backend counters, in the order :func:`replay` returns them (Backend.counters()'s keys).
 COUNTERS = ("evicted_tokens", "evicted_caches", "expired_tokens", "expired_caches",
             "kv_overflow_events", "kv_overflow_tokens", "dispatches", "released_caches",
             "released_tokens")
 _HOUR_S = 3600.0
+#: Scratch of a two-branch label (_branch): the session's view at its next turn.
+_Branch = namedtuple("_Branch", "free tok f has ci cached avail hit_a hit_miss hit_new mask value")
 #: Whether the compiled loop can time its decisions here (the x86-64 time-stamp counter).
 TIMES_DECISIONS = platform.machine().lower() in ("x86_64", "amd64")
 
@@ -318,6 +324,175 @@ def _valid(s, a, ver, rec_of, rec_ver, rec_pin):
 
 
 @njit(cache=True)
+def _feasibility(i, at, nd, n_hits, hit_a, hit_miss, hit_new, ok_all, fast_all, avail, v_pre,
+                 d_ttft, hist_f, new_f, model, mask, value):
+    """policies.feasibility for row i: writes the candidate ``mask`` (``value`` is scratch);
+    returns 0, 1 when the candidates are best-effort, 2 when the query is rejected."""
+    for b in range(nd):
+        mask[b] = fast_all[i, b] and avail[b]
+    for j in range(n_hits):
+        b = hit_a[j]
+        if ok_all[i, b] and avail[b]:
+            mask[b] = (hit_new[j] + hit_miss[j]) / v_pre[b] <= d_ttft
+    for b in range(nd):
+        if mask[b]:
+            return 0
+    lo = math.inf
+    n_ok = 0
+    for b in range(nd):
+        value[b] = math.inf
+        if ok_all[i, b] and avail[b]:
+            n_ok += 1
+            miss = hist_f[at + model[b]]
+            for j in range(n_hits):
+                if hit_a[j] == b:
+                    miss = hit_miss[j]
+            value[b] = (new_f[at + model[b]] + miss) / v_pre[b]
+            if value[b] < lo:
+                lo = value[b]
+    if n_ok == 0:
+        return 2
+    for b in range(nd):
+        mask[b] = value[b] == lo
+    return 1
+
+
+@njit(cache=True)
+def _rank(code, pricing, i, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss, n_hits, mask,
+          value):
+    """The candidate with the lowest ranking value (first on ties): energy (SA), carbon (CA,
+    CarbonRouter's proposal with pricing) or base carbon (FairCarbon, the proposal without
+    pricing); ``value`` holds the values after."""
+    base = code == 2 or (code == 4 and not pricing)
+    for b in range(nd):
+        if base:
+            value[b] = ci[b] * e_base[i, b % block]
+        else:
+            value[b] = e_unc[i, b % block]
+    if not base:
+        for jh in range(n_hits):
+            b = hit_a[jh]
+            value[b] = de[b] * hit_miss[jh] + e_base[i, b % block]
+        if code != 0:
+            for b in range(nd):
+                value[b] = ci[b] * value[b]
+    a = -1
+    lo = math.inf
+    for b in range(nd):
+        if mask[b] and value[b] < lo:
+            lo, a = value[b], b
+    if a == -1:  # every candidate at +inf: the first candidate (numpy's argmin)
+        for b in range(nd):
+            if mask[b]:
+                return b
+    return a
+
+
+@njit(cache=True)
+def _branch(a, i, s, t, k, pricing, cached, ci, n_m, new_f, hist_f, out_f, think, turn, n_turns,
+            model, pool, region, v_pre, v_dec, de, e_in, e_cache, e_out, e_base, e_unc, block,
+            ok_all, fast_all, d_ttft, slots_free, holder, n_pools, rec_of, rec_tok, rec_f,
+            rec_ver, rec_pin, used, kv_cap, kvp_of, ttl, heaps, hsize, ds, da, dv, l_head, l_nxt,
+            es, ea, ev, departed, sig_t, sig_v, span_lo, span_hi, n_regions, bw):
+    """gate.TwoBranchLabeler.branch_carbon: the realized carbon (gCO2e) of serving row i of
+    session s on ``a`` at t plus the session's next turn routed by CarbonRouter's proposal on
+    what it would see then, the other sessions frozen (Backend.session_after_turn: read, never
+    written). ``bw``: scratch of the branch (see _replay). Returns (carbon, time): time is the
+    next turn's dispatch when the signal does not cover it (carbon NaN), else 0."""
+    nd = len(model)
+    m = model[a]
+    at = i * n_m
+    n_new, n_hist, n_out = new_f[at + m], hist_f[at + m], out_f[at + m]
+    c = cached[a]
+    now_c = ci[a] * (e_in[a] * (n_new + n_hist - c) + e_cache[a] * c + e_out[a] * n_out)
+    if turn[i] == n_turns[i] - 1:
+        return now_c, 0.0
+    done = t + ((n_new + n_hist - c) / v_pre[a] + n_out / v_dec[a])
+    t2 = done + think[i + 1]
+    # session_after_turn(s, a, t, context, done, t2)
+    free2 = bw.free
+    for p in range(n_pools):
+        free2[p] = slots_free[p]
+    p = pool[a]
+    held = holder[s]
+    if held != p:
+        if held != -1:
+            free2[held] += 1
+        free2[p] -= 1
+    tok2, f2, has2 = bw.tok, bw.f, bw.has
+    for b in range(nd):
+        r = rec_of[s, b]
+        has2[b] = r != -1
+        if r != -1:
+            tok2[b], f2[b] = rec_tok[r], rec_f[r]
+    old = tok2[a] if has2[a] else 0
+    delta = np.int64(n_hist + n_new + n_out) - old
+    kp = kvp_of[a]
+    if delta > 0:
+        missing = delta - (kv_cap[kp] - used[kp])
+        if missing > 0:
+            # departed sessions' caches go first; none is the session's own, so only their sum
+            # matters (Backend._victims walks them sorted)
+            freed = 0
+            heap = heaps[kp]
+            for q in range(hsize[kp]):
+                if freed >= missing:
+                    break
+                e = heap[q]
+                r = _valid(ds[e], da[e], dv[e], rec_of, rec_ver, rec_pin)
+                if r != -1:
+                    freed += min(rec_tok[r], missing - freed)
+            e = l_head[kp]
+            while freed < missing and e != -1:
+                s2, b2 = es[e], ea[e]
+                r = _valid(s2, b2, ev[e], rec_of, rec_ver, rec_pin)
+                if r != -1 and not departed[s2] and not (s2 == s and b2 == a):
+                    take = min(rec_tok[r], missing - freed)
+                    freed += take
+                    if s2 == s:
+                        tok2[b2] -= take
+                e = l_nxt[e]
+            if freed < missing:
+                delta -= missing - freed
+    tok2[a], f2[a], has2[a] = old + delta, done, True
+    # the next turn (row i + 1) in that state
+    if not span_lo <= t2 < span_hi:
+        return math.nan, t2
+    row = np.searchsorted(sig_t, t2, side="right") - 1
+    ci2, cached2, avail2 = bw.ci, bw.cached, bw.avail
+    for b in range(nd):
+        ci2[b] = sig_v[row, region[b]]
+        avail2[b] = free2[pool[b]] > 0 or pool[b] == p
+    i2 = i + 1
+    at2 = i2 * n_m
+    n_hits = 0
+    for b in range(nd):
+        cached2[b] = 0.0
+        if has2[b] and tok2[b] > 0 and not f2[b] + ttl < t2:
+            m2 = model[b]
+            hist = hist_f[at2 + m2]
+            L = min(float(tok2[b]), hist)
+            if L != 0.0:
+                cached2[b] = L
+                bw.hit_a[n_hits] = b
+                bw.hit_miss[n_hits] = hist - L
+                bw.hit_new[n_hits] = new_f[at2 + m2]
+                n_hits += 1
+    status = _feasibility(i2, at2, nd, n_hits, bw.hit_a, bw.hit_miss, bw.hit_new, ok_all,
+                          fast_all, avail2, v_pre, d_ttft, hist_f, new_f, model, bw.mask,
+                          bw.value)
+    if status == 2:  # rejected: no next-turn carbon in this branch
+        return now_c, 0.0
+    a2 = _rank(4, pricing, i2, nd, ci2, e_base, e_unc, block, de, bw.hit_a, bw.hit_miss, n_hits,
+               bw.mask, bw.value)
+    m2 = model[a2]
+    c2 = cached2[a2]
+    nxt = ci2[a2] * (e_in[a2] * (new_f[at2 + m2] + hist_f[at2 + m2] - c2) + e_cache[a2] * c2
+                     + e_out[a2] * out_f[at2 + m2])
+    return now_c + nxt, 0.0
+
+
+@njit(cache=True)
 def _replay(
     sess, turn, n_turns, think, n_sessions, new_f, hist_f, out_f, est_f, qual, n_m,
     arr_t, arr_row,
@@ -328,7 +503,7 @@ def _replay(
     sig_t, sig_v, span_lo, span_hi,
     code, pricing, gated, delta, home_draw, fold, fold_delta,
     f_left, f_right, f_feature, f_threshold, f_default_left, f_tree_start, f_n_trees, f_depth,
-    f_base,
+    f_base, g_kind, l_row, l_g, l_b, l_z, l_sw, l_st, l_n,
     h_j, h_online, h_rho, h_smoothing, h_cache_survival, h_stickiness, h_release, h_survival,
     h_new, h_out, h_stay, h_keep0, h_fc, h_row0, h_fold,
     c_row, c_dep, c_disp, c_compl, c_cached, c_ttft, c_be, c_rej, c_switch, c_opp, c_block,
@@ -400,6 +575,10 @@ def _replay(
     miss_buf = np.zeros(nd)
     post_m = np.zeros(n_m)
     h_work = np.empty(2 * n_regions + 2 * n_m)
+    bw = _Branch(np.empty(n_pools, np.int64), np.empty(nd, np.int64), np.empty(nd),
+                 np.empty(nd, np.bool_), np.empty(nd), np.empty(nd), np.empty(nd, np.bool_),
+                 np.empty(nd, np.int64), np.empty(nd), np.empty(nd), np.empty(nd, np.bool_),
+                 np.empty(nd))
     h_keep = np.full(n_kv, h_keep0)
     h_stayed = 1.0
     cur_row = -1
@@ -535,39 +714,10 @@ def _replay(
                     best, best_free = g, tot
             home[s] = r0 if r0_free > 0 else best
         # feasibility (Eq. 7)
-        any_mask = False
-        for b in range(nd):
-            mask[b] = fast_all[i, b] and avail[b]
-        for j in range(n_hits):
-            b = hit_a[j]
-            if ok_all[i, b] and avail[b]:
-                mask[b] = (hit_new[j] + hit_miss[j]) / v_pre[b] <= d_ttft
-        for b in range(nd):
-            if mask[b]:
-                any_mask = True
-                break
-        best_effort = False
-        rejected = False
-        if not any_mask:
-            lo = inf
-            n_ok = 0
-            for b in range(nd):
-                value[b] = inf
-                if ok_all[i, b] and avail[b]:
-                    n_ok += 1
-                    miss = hist_f[at + model[b]]
-                    for j in range(n_hits):
-                        if hit_a[j] == b:
-                            miss = hit_miss[j]
-                    value[b] = (new_f[at + model[b]] + miss) / v_pre[b]
-                    if value[b] < lo:
-                        lo = value[b]
-            if n_ok == 0:
-                rejected = True
-            else:
-                for b in range(nd):
-                    mask[b] = value[b] == lo
-                best_effort = True
+        status = _feasibility(i, at, nd, n_hits, hit_a, hit_miss, hit_new, ok_all, fast_all,
+                              avail, v_pre, d_ttft, hist_f, new_f, model, mask, value)
+        best_effort = status == 1
+        rejected = status == 2
         j = done
         done += 1
         c_row[j], c_disp[j] = i, t
@@ -617,28 +767,8 @@ def _replay(
                         a = b
                         break
         elif a == -1 and code != 3:
-            # the ranking values: energy (SA), carbon (CA, CR with pricing), base carbon
-            for b in range(nd):
-                if code == 2 or (code == 4 and not pricing):
-                    value[b] = ci[b] * e_base[i, b % block]
-                else:
-                    value[b] = e_unc[i, b % block]
-            if not (code == 2 or (code == 4 and not pricing)):
-                for jh in range(n_hits):
-                    b = hit_a[jh]
-                    value[b] = de[b] * hit_miss[jh] + e_base[i, b % block]
-                if code != 0:
-                    for b in range(nd):
-                        value[b] = ci[b] * value[b]
-            lo = inf
-            for b in range(nd):
-                if mask[b] and value[b] < lo:
-                    lo, a = value[b], b
-            if a == -1:  # every candidate at +inf: the first candidate (numpy's argmin)
-                for b in range(nd):
-                    if mask[b]:
-                        a = b
-                        break
+            a = _rank(code, pricing, i, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss,
+                      n_hits, mask, value)
             if code == 0:  # SA's tie-break: the most free slots of the pool, then the index
                 n_tied = 0
                 for b in range(nd):
@@ -665,7 +795,37 @@ def _replay(
             g = a
             if k > 0 and prev >= 0 and g != prev and mask[prev] and cached[prev] > 0:
                 c_opp[j] = True
-                if gated:
+                if gated and g_kind != 0:  # the two-branch labels: the oracle gate, labelling
+                    c_sw, t_fail = _branch(
+                        g, i, s, t, k, pricing, cached, ci, n_m, new_f, hist_f, out_f, think,
+                        turn, n_turns, model, pool, region, v_pre, v_dec, de, e_in, e_cache,
+                        e_out, e_base, e_unc, block, ok_all, fast_all, d_ttft, free, holder,
+                        n_pools, rec_of, rec_tok, rec_f, rec_ver, rec_pin, used, kv_cap, kvp_of,
+                        ttl, heaps, hsize, ds, da, dv, l_head, l_nxt, es, ea, ev, departed, sig_t,
+                        sig_v, span_lo, span_hi, n_regions, bw)
+                    if math.isnan(c_sw):
+                        return 1, t_fail
+                    c_st, t_fail = _branch(
+                        prev, i, s, t, k, pricing, cached, ci, n_m, new_f, hist_f, out_f, think,
+                        turn, n_turns, model, pool, region, v_pre, v_dec, de, e_in, e_cache,
+                        e_out, e_base, e_unc, block, ok_all, fast_all, d_ttft, free, holder,
+                        n_pools, rec_of, rec_tok, rec_f, rec_ver, rec_pin, used, kv_cap, kvp_of,
+                        ttl, heaps, hsize, ds, da, dv, l_head, l_nxt, es, ea, ev, departed, sig_t,
+                        sig_v, span_lo, span_hi, n_regions, bw)
+                    if math.isnan(c_st):
+                        return 1, t_fail
+                    if g_kind == 1:
+                        adv = c_sw - c_st
+                    else:  # record the opportunity; never block
+                        q = l_n[0]
+                        l_n[0] += 1
+                        _features(l_z[q], i, g, prev, ci, ci_region, e_base, e_unc, block, de,
+                                  hit_a, hit_miss, n_hits, cached, new_f, hist_f, est_f, qual,
+                                  n_m, k, model, gpu, region, pool, kvp_of, used, kv_cap, free,
+                                  sig_t, sig_v, t)
+                        l_row[q], l_g[q], l_b[q], l_sw[q], l_st[q] = i, g, prev, c_sw, c_st
+                        adv = -inf
+                elif gated:
                     fo = fold[s]
                     if fold_delta[fo] == inf:
                         adv = -inf
@@ -677,9 +837,9 @@ def _replay(
                         adv = _forest(fo, z, f_left, f_right, f_feature, f_threshold,
                                       f_default_left, f_tree_start, f_n_trees, f_depth,
                                       f_base) - fold_delta[fo]
-                    if adv > delta:
-                        a = prev
-                        c_block[j] = True
+                if gated and adv > delta:
+                    a = prev
+                    c_block[j] = True
 
         if time_decisions:
             dec_cyc[j] = _rdtsc() - c0
@@ -862,8 +1022,10 @@ def rule(name: str, **params) -> dict:
     """The compiled decision rule ``name`` (a :data:`CODES` key) with its parameters, as the
     keyword arrays of the loop; a built-in policy's :meth:`~carbonrouter_lib.policies.Policy.
     compiled` returns it. ``params``: ``pricing``, ``gated``, ``delta`` (CarbonRouter),
-    ``home_draw`` (GAR†'s drawn region per session), and the learned gate's ``fold``,
-    ``fold_delta`` and forest arrays (:meth:`carbonrouter_lib.gate.LearnedGate.compiled`)."""
+    ``home_draw`` (GAR†'s drawn region per session), the learned gate's ``fold``,
+    ``fold_delta`` and forest arrays (:meth:`carbonrouter_lib.gate.LearnedGate.compiled`), and
+    ``g_kind`` (:data:`GATE_KINDS`) with the labelling's output arrays ``l_*``
+    (:meth:`carbonrouter_lib.gate.TwoBranchLabeler.compiled`)."""
     if name not in CODES:
         raise ValueError(f"kernel.rule: no compiled rule {name!r}; one of {sorted(CODES)}")
     one = np.zeros((1, 1), np.int64)
@@ -873,7 +1035,9 @@ def rule(name: str, **params) -> dict:
                 f_threshold=np.zeros((1, 1), np.float32),
                 f_default_left=np.zeros((1, 1), np.bool_), f_tree_start=one,
                 f_n_trees=np.zeros(1, np.int64), f_depth=np.zeros(1, np.int64),
-                f_base=np.zeros(1, np.float32),
+                f_base=np.zeros(1, np.float32), g_kind=0, l_row=np.zeros(1, np.int64),
+                l_g=np.zeros(1, np.int64), l_b=np.zeros(1, np.int64), l_z=np.zeros((1, 28)),
+                l_sw=np.zeros(1), l_st=np.zeros(1), l_n=np.zeros(1, np.int64),
                 h_j=0, h_online=True, h_rho=1.0, h_smoothing=0.05, h_cache_survival=True,
                 h_stickiness=True, h_release=False, h_survival=np.zeros((1, 1, 1)),
                 h_new=np.zeros((1, 1)), h_out=np.zeros((1, 1)), h_stay=np.ones((1, 1)),

@@ -228,7 +228,8 @@ def simulate(
     engine
         ``"auto"`` (default): the compiled loop (:mod:`carbonrouter_lib.kernel`) for the
         built-in policies it knows (Session-Affinity, Carbon-Affinity, GAR†, FairCarbon,
-        CarbonRouter without a gate or with its learned gate, the horizon router), the Python
+        CarbonRouter without a gate or with its learned or oracle gate, the gate's two-branch
+        labelling, the horizon router), the Python
         loop otherwise. ``"python"``: always the Python loop (the reference; any policy and its
         hooks). ``"compiled"``: the compiled loop, or ``ValueError`` when it cannot replay the
         policy. Both give identical records and counters. ``time_decisions`` times the
@@ -306,7 +307,7 @@ def simulate(
         spec = policy.compiled(replay_info(_span(table, signal)))
         if spec is None and engine == "compiled":
             raise ValueError(f"simulate: the compiled loop cannot replay {policy!r} (it knows "
-                             f"{sorted(kernel.CODES)} and CarbonRouter's learned gate); use "
+                             f"{sorted(kernel.CODES)} and CarbonRouter's learned and oracle gates); use "
                              f"engine='python'")
     if spec is not None:
         loop_arrays = dict(

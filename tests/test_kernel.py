@@ -22,7 +22,13 @@ from test_simulator import CONFIG, make_signal, make_table, workloads
 from carbonrouter_lib.backend import BackendConfig
 from carbonrouter_lib.build import build_policy
 from carbonrouter_lib.carbon import CarbonSignal
-from carbonrouter_lib.gate import FEATURES, GateTrainingConfig, LearnedGate
+from carbonrouter_lib.gate import (
+    FEATURES,
+    GateTrainingConfig,
+    LearnedGate,
+    OracleGate,
+    collect_opportunities,
+)
 from carbonrouter_lib.policies import CarbonRouter, HorizonRouter, make_policy
 from carbonrouter_lib.profiles import MODELS
 from carbonrouter_lib.setting import SimulationConfig
@@ -50,13 +56,16 @@ def random_gate(folds: int = 3, seed: int = 0, inf_fold: int | None = 1) -> Lear
     return LearnedGate(boosters, deltas, GateTrainingConfig(folds=folds), pd.DataFrame(), {})
 
 
-def policies(gate: LearnedGate):
+def policies(gate: LearnedGate, table: pd.DataFrame, config: SimulationConfig):
     for name in COMPILED:
         yield name, make_policy(name)
     yield "gar-seed7", make_policy("gar", seed=7)
     yield "carbonrouter (learned gate)", CarbonRouter(gate=gate)
     yield "carbonrouter-no-pricing (learned gate)", CarbonRouter(gate=gate, pricing=False)
     yield "carbonrouter (learned gate, delta -0.05)", CarbonRouter(delta=-0.05, gate=gate)
+    yield "carbonrouter (oracle gate)", CarbonRouter(gate=OracleGate(table, config))
+    yield "carbonrouter-no-pricing (oracle gate)", CarbonRouter(
+        gate=OracleGate(table, config, pricing=False), pricing=False)
     # the horizon router and its ablations / variants (its model is fitted on the workload)
     yield "horizon", HorizonRouter()
     yield "horizon J=0", HorizonRouter(horizon=0)
@@ -74,13 +83,13 @@ def assert_engines_agree(table, config, signal, backend, gate) -> dict:
     seen = {"best_effort": 0, "rejected": 0, "gate_blocked": 0, "opportunities": 0,
             "released_caches": 0}
     totals: dict[str, int] = {}
-    for label, _ in policies(gate):
+    for label, _ in policies(gate, table, config):
         if label.startswith("horizon") and table["session"].nunique() < 20:
             continue  # too few conversations to fit the horizon model on held-out folds
         out = {}
         for engine in ("python", "compiled"):
-            policy = build_policy(dict(policies(gate))[label], table, config, signal=signal,
-                                  backend=backend)
+            policy = build_policy(dict(policies(gate, table, config))[label], table, config,
+                                  signal=signal, backend=backend)
             out[engine] = (simulate(table, policy, config, signal, backend, engine=engine),
                            dict(getattr(policy, "opportunities", {})),
                            dict(getattr(policy, "blocked", {})))
@@ -95,6 +104,13 @@ def assert_engines_agree(table, config, signal, backend, gate) -> dict:
         seen["opportunities"] += int(rec["switch_opportunity"].sum())
         for k, v in py.counters.items():
             totals[k] = totals.get(k, 0) + v
+    # the gate's training labels: the same opportunities, features and two-branch carbons
+    seen["labels"] = 0
+    for pricing in (True, False):
+        py, cc = (collect_opportunities(table, config, signal, backend, pricing=pricing,
+                                        engine=engine) for engine in ("python", "compiled"))
+        pd.testing.assert_frame_equal(cc, py, check_exact=True, obj=f"labels, pricing {pricing}")
+        seen["labels"] += len(py)
     return seen | totals
 
 
@@ -141,7 +157,7 @@ def test_engines_agree_under_pressure(kv):
                                 kv_tokens_per_deployment=per_dep)
     seen = assert_engines_agree(table, config, signal, backend, random_gate())
     for what in ("best_effort", "rejected", "gate_blocked", "opportunities", "evicted_caches",
-                 "expired_caches", "kv_overflow_events", "released_caches"):
+                 "expired_caches", "kv_overflow_events", "released_caches", "labels"):
         assert seen[what] > 0, f"the workload did not reach {what}"
 
 
@@ -175,3 +191,22 @@ def test_engine_choice_and_errors():
     for engine in ("python", "compiled"):
         with pytest.raises(ValueError, match="carbon signal queried at"):
             simulate(late, "faircarbon", config, short, engine=engine)
+
+
+def test_labeler_keeps_the_order_of_its_replays():
+    """A labeler replayed twice (the Python loop, then the compiled one) holds both replays'
+    opportunities in that order, each the same as a labeler of its own gives."""
+    from carbonrouter_lib.gate import TwoBranchLabeler
+
+    table = random_workload(7, 80, 3600)
+    signal = random_signal(8, REGIONS3, 48)
+    config = SimulationConfig(regions=REGIONS3)
+    backend = BackendConfig(slots_per_pool=3, kv_tokens_per_pool=50000.0, ttl_s=900.0)
+    both = TwoBranchLabeler(table, config)
+    alone = {}
+    for engine in ("python", "compiled"):
+        simulate(table, CarbonRouter(gate=both), config, signal, backend, engine=engine)
+        alone[engine] = collect_opportunities(table, config, signal, backend, engine=engine)
+    assert len(alone["python"]) > 0
+    pd.testing.assert_frame_equal(both.frame(), pd.concat([alone["python"], alone["compiled"]],
+                                                          ignore_index=True), check_exact=True)

@@ -154,15 +154,20 @@ class CarbonRouter(Policy):
 
     def compiled(self, info: kernel.ReplayInfo) -> dict | None:
         """The compiled rule without a gate, or with a gate that compiles itself (the learned
-        gate: ``gate.compiled(conversations)``); None for another gate (the Python loop)."""
+        gate, the oracle gate, the two-branch labeler: ``gate.compiled(conversations)``); None
+        for another gate (the Python loop)."""
         if type(self) not in (CarbonRouter, CarbonRouterNoGate, CarbonRouterNoPricing):
             return None
         params = {"pricing": self.pricing, "gated": self._gated, "delta": self.delta}
         if self._gated:
             compile_gate = getattr(self.gate, "compiled", None)
-            if compile_gate is None:
+            # a gate that routes next turns by the proposal rule must use this router's pricing
+            if compile_gate is None or getattr(self.gate, "pricing", self.pricing) != self.pricing:
                 return None
-            params.update(compile_gate(info.conversations))
+            gate_params = compile_gate(info.conversations)
+            if gate_params is None:
+                return None
+            params.update(gate_params)
         return kernel.rule("carbonrouter", **params)
 
     def propose(self, cand: Candidates) -> int:
