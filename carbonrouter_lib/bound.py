@@ -40,6 +40,7 @@ Units: gCO2e, kWh, tokens, seconds.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 
@@ -250,72 +251,160 @@ def clairvoyant_bound(
     grid = signal.frame.to_numpy(np.float64)
     end_s = signal.row_interval(len(grid) - 1)[1]
     cand = bound_candidates(deps)
-    region_c, model_c = deps.region[cand], deps.model[cand]
-    e_in, e_cache, e_out = deps.e_in[cand], deps.e_cache[cand], deps.e_out[cand]
-
-    # per session, the columns of its rows (one frame at the end: a frame per session would
-    # cost more than the DP)
-    cols: dict[str, list[np.ndarray]] = {c: [] for c in (
-        "session", "turn", "n_turns", "deployment", "carbon_g", "energy_kwh", "ci_min",
-        "tracking")}
-
-    def add(i0: int, i1: int, **values) -> None:
-        for c in ("session", "turn", "n_turns"):
-            cols[c].append(frame_of[c][i0:i1])
-        for c, v in values.items():
-            cols[c].append(np.broadcast_to(v, (i1 - i0,)))
-
-    frame_of = {"session": session, "turn": turn, "n_turns": n_turns}
-    it = zip(starts.tolist(), ends.tolist(), strict=True)
+    starts = np.ascontiguousarray(starts, np.int64)
+    n = len(table)
+    dep = np.empty(n, np.int64)
+    carbon, energy, ci_min = np.empty(n), np.empty(n), np.empty(n)
+    coarse = np.zeros(n, np.bool_)  # "region+model" tracking
+    span_lo, span_hi = signal._span_s
+    bar = None
     if progress:
         from tqdm import tqdm
 
-        it = tqdm(list(it), desc="clairvoyant bound", unit="session", mininterval=1.0)
-    for i0, i1 in it:
+        bar = tqdm(total=len(starts), desc="clairvoyant bound", unit="session")
+    # in chunks of sessions: the progress bar moves, and a time the signal does not cover is
+    # reported by the signal's own error
+    step = 20_000
+    for c0 in range(0, len(starts), step):
+        c1 = min(c0 + step, len(starts))
+        bad = _bound_sessions(
+            starts[c0:c1], ends[c0:c1], arrival, think, max_service, signal._t_s,
+            float(span_lo), float(span_hi), float(end_s), grid, np.ascontiguousarray(feasible_all),
+            cand, deps.region[cand].astype(np.int64), deps.model[cand].astype(np.int64),
+            deps.e_in[cand].astype(np.float64), deps.e_cache[cand].astype(np.float64),
+            deps.e_out[cand].astype(np.float64), new, hist, out, max_tracked, dep, carbon,
+            energy, ci_min, coarse)
+        if not np.isnan(bad):
+            signal.row_index(bad)  # raises, naming the time and the coverage
+        if bar is not None:
+            bar.update(c1 - c0)
+    if bar is not None:
+        bar.close()
+    return pd.DataFrame({"session": session, "turn": turn, "n_turns": n_turns,
+                         "deployment": dep, "carbon_g": carbon, "energy_kwh": energy,
+                         "ci_min": ci_min,
+                         "tracking": np.where(coarse, "region+model", "deployment").astype(object)})
+
+
+@njit(cache=True)
+def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, span_hi, end_s,
+                    grid, feasible_all, cand, region_c, model_c, e_in_c, e_cache_c, e_out_c, new,
+                    hist, out, max_tracked, dep, carbon, energy, ci_min, coarse):
+    """The bound of the sessions [starts[q], ends[q]) (the loop of :func:`clairvoyant_bound`,
+    compiled): writes each row's deployment, carbon, energy, intensity and tracking; returns
+    NaN, or the first time (s) the signal does not cover."""
+    n_rows = len(grid)
+    n_regions = grid.shape[1]
+    n_c = len(cand)
+    for q in range(len(starts)):
+        i0, i1 = starts[q], ends[q]
         k_turns = i1 - i0
-        lo = arrival[i0] + np.concatenate([[0.0], np.cumsum(think[i0 + 1:i1])])
-        hi = lo + np.concatenate([[0.0], np.cumsum(max_service[i0:i1 - 1])])
-        r_lo = np.array([signal.row_index(t) for t in lo])  # outside the coverage: an error
-        r_hi = np.array([signal.row_index(t) if t < end_s else len(grid) - 1 for t in hi])
-        ci_min = np.stack([grid[a:b + 1].min(axis=0) for a, b in zip(r_lo, r_hi, strict=True)])
-        feas_s = feasible_all[i0:i1][:, cand]
-        used = np.flatnonzero(feas_s.any(axis=0))
-        if used.size == 0:  # no turn has a feasible deployment: every policy rejects them all
-            add(i0, i1, deployment=-1, carbon_g=0.0, energy_kwh=0.0, ci_min=np.nan,
-                tracking="deployment")
+        # the window of dispatch times of each turn, and its minimum intensity per region
+        ci_w = np.empty((k_turns, n_regions))
+        lo = arrival[i0]
+        hi = lo
+        cum_think, cum_serve = 0.0, 0.0
+        for k in range(k_turns):
+            if k > 0:
+                cum_think += think[i0 + k]
+                cum_serve += max_service[i0 + k - 1]
+            lo = arrival[i0] + cum_think
+            hi = lo + cum_serve
+            if not span_lo <= lo < span_hi:
+                return lo
+            r_lo = np.searchsorted(sig_t, lo, side="right") - 1
+            if hi < end_s:
+                if not span_lo <= hi < span_hi:
+                    return hi
+                r_hi = np.searchsorted(sig_t, hi, side="right") - 1
+            else:
+                r_hi = n_rows - 1
+            for g in range(n_regions):
+                v = grid[r_lo, g]
+                for row in range(r_lo + 1, r_hi + 1):
+                    if grid[row, g] < v:
+                        v = grid[row, g]
+                ci_w[k, g] = v
+        # the candidates some turn can use
+        used = np.empty(n_c, np.int64)
+        n_u = 0
+        for c in range(n_c):
+            for k in range(k_turns):
+                if feasible_all[i0 + k, cand[c]]:
+                    used[n_u] = c
+                    n_u += 1
+                    break
+        if n_u == 0:  # no turn has a feasible deployment: every policy rejects them all
+            for k in range(k_turns):
+                i = i0 + k
+                dep[i], carbon[i], energy[i], ci_min[i], coarse[i] = -1, 0.0, 0.0, math.nan, False
             continue
-        feas = feas_s[:, used]
-        m, r = model_c[used], region_c[used]
-        n_new, n_hist, n_out = new[i0:i1][:, m], hist[i0:i1][:, m], out[i0:i1][:, m]
-        # Cached prefix when the deployment served before but not at k − 1: the context up to
-        # turn k − 2 = the history of turn k − 1 (0 for k = 0).
-        h_prev = np.vstack([np.zeros((1, used.size)), n_hist[:-1]])
-        ei, ec, eo = e_in[used], e_cache[used], e_out[used]
-        # Eq. 4 with nothing, the history up to turn k − 2, and the whole history cached.
-        e_none = cost.energy_kwh(ei, ec, eo, n_new, n_hist, 0.0, n_out)
-        e_rev = cost.energy_kwh(ei, ec, eo, n_new, n_hist, h_prev, n_out)
-        e_full = cost.energy_base_kwh(ei, ec, eo, n_new, n_hist, n_out)
-        ci = ci_min[:, r]
-        if used.size <= max_tracked:
-            flags, tracking = 1 << np.arange(used.size), "deployment"
-        else:
-            _, r_bit = np.unique(r, return_inverse=True)
-            _, m_bit = np.unique(m, return_inverse=True)
-            flags = (1 << r_bit) | (1 << (r_bit.max() + 1 + m_bit))
-            tracking = "region+model"
-        _, path, kind = session_bound_dp(ci * e_none, ci * e_rev, ci * e_full, feas, flags)
-        served = path >= 0
-        ks, js = np.arange(k_turns), np.maximum(path, 0)
-        energy = np.where(served, np.choose(np.maximum(kind, 0), [e_none[ks, js], e_rev[ks, js],
-                                                                  e_full[ks, js]]), 0.0)
-        ci_used = np.where(served, ci[ks, js], np.nan)
-        add(i0, i1, deployment=np.where(served, cand[used][js], -1),
-            carbon_g=np.where(served, ci_used * energy, 0.0), energy_kwh=energy,
-            ci_min=ci_used, tracking=tracking)
-    out = {c: np.concatenate(v) for c, v in cols.items()}
-    out["deployment"] = out["deployment"].astype(np.int64)
-    out["tracking"] = out["tracking"].astype(object)
-    return pd.DataFrame(out)
+        used = used[:n_u]
+        feas = np.empty((k_turns, n_u), np.bool_)
+        e_none = np.empty((k_turns, n_u))
+        e_rev = np.empty((k_turns, n_u))
+        e_full = np.empty((k_turns, n_u))
+        c_none = np.empty((k_turns, n_u))
+        c_rev = np.empty((k_turns, n_u))
+        c_full = np.empty((k_turns, n_u))
+        ci = np.empty((k_turns, n_u))
+        for k in range(k_turns):
+            i = i0 + k
+            for u in range(n_u):
+                c = used[u]
+                m = model_c[c]
+                feas[k, u] = feasible_all[i, cand[c]]
+                n_new, n_hist, n_out = new[i, m], hist[i, m], out[i, m]
+                # the context up to turn k − 2 is cached when c served before but not at k − 1
+                h_prev = hist[i - 1, m] if k > 0 else 0.0
+                ei, ec, eo = e_in_c[c], e_cache_c[c], e_out_c[c]
+                e_none[k, u] = ei * (n_new + n_hist - 0.0) + ec * 0.0 + eo * n_out
+                e_rev[k, u] = ei * (n_new + n_hist - h_prev) + ec * h_prev + eo * n_out
+                e_full[k, u] = ei * n_new + ec * n_hist + eo * n_out
+                ci[k, u] = ci_w[k, region_c[c]]
+                c_none[k, u] = ci[k, u] * e_none[k, u]
+                c_rev[k, u] = ci[k, u] * e_rev[k, u]
+                c_full[k, u] = ci[k, u] * e_full[k, u]
+        flags = np.empty(n_u, np.int64)
+        is_coarse = n_u > max_tracked
+        if not is_coarse:
+            for u in range(n_u):
+                flags[u] = 1 << u
+        else:  # a region bit and a model bit (ranks among the values present)
+            r_vals = np.unique(region_c[used])
+            m_vals = np.unique(model_c[used])
+            n_r = len(r_vals)
+            for u in range(n_u):
+                r_bit = np.searchsorted(r_vals, region_c[used[u]])
+                m_bit = np.searchsorted(m_vals, model_c[used[u]])
+                flags[u] = (1 << r_bit) | (1 << (n_r + m_bit))
+        n_bits = 0
+        top = flags.max()
+        while top > 0:
+            n_bits += 1
+            top >>= 1
+        _, path = _dp(c_none, c_rev, c_full, feas, flags, 1 << n_bits)
+        seen = 0
+        prev = -1
+        for k in range(k_turns):
+            i = i0 + k
+            coarse[i] = is_coarse
+            u = path[k]
+            if u < 0:
+                dep[i], carbon[i], energy[i], ci_min[i] = -1, 0.0, 0.0, math.nan
+                continue
+            bit = flags[u]
+            if u == prev:
+                e = e_full[k, u]
+            elif seen & bit == bit:
+                e = e_rev[k, u]
+            else:
+                e = e_none[k, u]
+            seen |= bit
+            prev = u
+            dep[i], energy[i], ci_min[i] = cand[used[u]], e, ci[k, u]
+            carbon[i] = ci[k, u] * e
+    return math.nan
 
 
 # ---------------------------------------------------------------------------------------------

@@ -307,8 +307,8 @@ def simulate(
         spec = policy.compiled(replay_info(_span(table, signal)))
         if spec is None and engine == "compiled":
             raise ValueError(f"simulate: the compiled loop cannot replay {policy!r} (it knows "
-                             f"{sorted(kernel.CODES)} and CarbonRouter's learned and oracle gates); use "
-                             f"engine='python'")
+                             f"{sorted(kernel.CODES)} and CarbonRouter's learned and oracle "
+                             f"gates); use engine='python'")
     if spec is not None:
         loop_arrays = dict(
             sess=np.cumsum(turn == 0) - 1,  # sessions 0, 1, … in row order (see below)

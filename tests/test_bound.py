@@ -7,6 +7,7 @@ import itertools
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,6 +24,7 @@ from test_simulator import (
     workloads,
 )
 
+from carbonrouter_lib import cost, prepared
 from carbonrouter_lib.bound import (
     bound_candidates,
     bound_comparison,
@@ -30,7 +32,7 @@ from carbonrouter_lib.bound import (
     clairvoyant_bound,
     session_bound_dp,
 )
-from carbonrouter_lib.policies import CarbonRouter, Policy
+from carbonrouter_lib.policies import CarbonRouter, Policy, QueryBatch
 
 
 def brute_force(c_none, c_rev, c_full, feasible, flags) -> float:
@@ -285,3 +287,86 @@ def test_compiled_dp_equals_the_numpy_dp(seed):
     assert got[0] == want[0]
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(got[2], want[2])
+
+
+def _reference_bound(table: pd.DataFrame, config, signal, max_tracked: int) -> pd.DataFrame:
+    """The bound's session loop as it was before it was compiled (numpy per session, the DP of
+    session_bound_dp): the oracle of the compiled loop."""
+    deps = config.deployments()
+    new = prepared.model_matrix(table, "new_tokens").astype(np.float64)
+    hist = prepared.model_matrix(table, "history_tokens").astype(np.float64)
+    out = prepared.model_matrix(table, "output_tokens").astype(np.float64)
+    est = prepared.model_matrix(table, "est_output_tokens").astype(np.float64)
+    qual = prepared.model_matrix(table, "quality").astype(np.float64)
+    feasible_all = QueryBatch(deps, new, hist, est, qual, config.constraints()).ok
+    turn = table["turn"].to_numpy(np.int64)
+    arrival = table["arrival_s"].to_numpy(np.float64)
+    think = table["think_s"].to_numpy(np.float64)
+    starts = np.flatnonzero(turn == 0)
+    ends = np.append(starts[1:], len(table))
+    m_of = deps.model
+    serve = cost.service_time_s(new[:, m_of], hist[:, m_of], 0.0, out[:, m_of], deps.v_pre,
+                                deps.v_dec)
+    max_service = np.where(feasible_all, serve, 0.0).max(axis=1)
+    grid = signal.frame.to_numpy(np.float64)
+    end_s = signal.row_interval(len(grid) - 1)[1]
+    cand = bound_candidates(deps)
+    region_c, model_c = deps.region[cand], deps.model[cand]
+    e_in, e_cache, e_out = deps.e_in[cand], deps.e_cache[cand], deps.e_out[cand]
+    rows = []
+    for i0, i1 in zip(starts.tolist(), ends.tolist(), strict=True):
+        k_turns = i1 - i0
+        lo = arrival[i0] + np.concatenate([[0.0], np.cumsum(think[i0 + 1:i1])])
+        hi = lo + np.concatenate([[0.0], np.cumsum(max_service[i0:i1 - 1])])
+        r_lo = np.array([signal.row_index(t) for t in lo])
+        r_hi = np.array([signal.row_index(t) if t < end_s else len(grid) - 1 for t in hi])
+        ci_min = np.stack([grid[a:b + 1].min(axis=0) for a, b in zip(r_lo, r_hi, strict=True)])
+        feas_s = feasible_all[i0:i1][:, cand]
+        used = np.flatnonzero(feas_s.any(axis=0))
+        if used.size == 0:
+            rows.append(pd.DataFrame({"deployment": -1, "carbon_g": 0.0, "energy_kwh": 0.0,
+                                      "ci_min": np.nan, "tracking": "deployment"},
+                                     index=range(k_turns)))
+            continue
+        feas = feas_s[:, used]
+        m, r = model_c[used], region_c[used]
+        n_new, n_hist, n_out = new[i0:i1][:, m], hist[i0:i1][:, m], out[i0:i1][:, m]
+        h_prev = np.vstack([np.zeros((1, used.size)), n_hist[:-1]])
+        ei, ec, eo = e_in[used], e_cache[used], e_out[used]
+        e_none = cost.energy_kwh(ei, ec, eo, n_new, n_hist, 0.0, n_out)
+        e_rev = cost.energy_kwh(ei, ec, eo, n_new, n_hist, h_prev, n_out)
+        e_full = cost.energy_base_kwh(ei, ec, eo, n_new, n_hist, n_out)
+        ci = ci_min[:, r]
+        if used.size <= max_tracked:
+            flags, tracking = 1 << np.arange(used.size), "deployment"
+        else:
+            _, r_bit = np.unique(r, return_inverse=True)
+            _, m_bit = np.unique(m, return_inverse=True)
+            flags = (1 << r_bit) | (1 << (r_bit.max() + 1 + m_bit))
+            tracking = "region+model"
+        _, path, kind = session_bound_dp(ci * e_none, ci * e_rev, ci * e_full, feas, flags)
+        served = path >= 0
+        ks, js = np.arange(k_turns), np.maximum(path, 0)
+        energy = np.where(served, np.choose(np.maximum(kind, 0), [e_none[ks, js], e_rev[ks, js],
+                                                                  e_full[ks, js]]), 0.0)
+        ci_used = np.where(served, ci[ks, js], np.nan)
+        rows.append(pd.DataFrame({"deployment": np.where(served, cand[used][js], -1),
+                                  "carbon_g": np.where(served, ci_used * energy, 0.0),
+                                  "energy_kwh": energy, "ci_min": ci_used, "tracking": tracking}))
+    ref = pd.concat(rows, ignore_index=True)
+    ref.insert(0, "n_turns", table["n_turns"].to_numpy(np.int64))
+    ref.insert(0, "turn", turn)
+    ref.insert(0, "session", table["session"].to_numpy(np.int64))
+    ref["deployment"] = ref["deployment"].astype(np.int64)
+    ref["tracking"] = pd.DataFrame({"t": ref["tracking"].to_numpy(object)})["t"]
+    return ref
+
+
+@settings(max_examples=30, deadline=None)
+@given(workloads(), st.sampled_from([8, 2, 0]))
+def test_compiled_bound_equals_the_per_session_reference(case, max_tracked):
+    table, values, _, _ = case
+    signal = make_signal(values)
+    got = clairvoyant_bound(table, CONFIG, signal, max_tracked=max_tracked)
+    want = _reference_bound(table, CONFIG, signal, max_tracked)
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
