@@ -39,6 +39,7 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
+from numba import njit
 
 __all__ = [
     "RECORD_COLUMNS",
@@ -481,30 +482,40 @@ def _weighted_quantile(
     weight W_i and total T, it is value number #{i : W_i < m}, m = ceil(q·T) — numpy's
     ``method="inverted_cdf"``. Returns NaN where T = 0.
 
-    Why the tail: for an upper quantile only the top values matter. The number of values above
-    position i is T − W_i, and W_i < m ⇔ T − W_i > T − m, so a draw whose top K values already
-    carry more than T − m of the weight needs only those K columns; the few draws that do not
-    (small samples) take the full cumulative sum.
+    Why from the top: the weight strictly above position i is T − W_i, and W_i < m ⇔ T − W_i >
+    T − m, so the quantile's position is the lowest i whose weight above is at most T − m. A
+    scan down from the largest value finds it after the top (1 − q) of the weight, without the
+    cumulative sums of every value.
     """
-    n = len(sorted_values)
-    out = np.full(len(counts), np.nan)
-    if n == 0:
-        return out
     per_session = np.bincount(sorted_codes, minlength=counts.shape[1])
     total = counts @ per_session
-    above = total - np.ceil(q * total)  # weight that must lie strictly above the quantile
-    k = min(n, int(2 * (1 - q) * n) + 256)
-    w = counts[:, sorted_codes[n - k :]]
-    # Weight of the tail values strictly above each tail position.
-    after = w.sum(axis=1, keepdims=True) - np.cumsum(w, axis=1)
-    pos = (n - k) + (after > above[:, None]).sum(axis=1)
-    short = (w.sum(axis=1) <= above) & (total > 0)  # tail too light: quantile below it
-    if short.any():
-        cum = np.cumsum(counts[short][:, sorted_codes], axis=1)
-        pos[short] = (cum < (total[short] - above[short])[:, None]).sum(axis=1)
-    ok = total > 0
-    out[ok] = sorted_values[pos[ok]]
+    above = total - np.ceil(q * total)  # weight that may lie strictly above the quantile
+    out = np.full(len(counts), np.nan)
+    if len(sorted_values):
+        _scan_quantile(np.ascontiguousarray(sorted_values, np.float64),
+                       np.ascontiguousarray(sorted_codes, np.int64),
+                       np.ascontiguousarray(counts, np.int64), total, above, out)
     return out
+
+
+@njit(cache=True)
+def _scan_quantile(sorted_values, sorted_codes, counts, total, above, out):
+    """The scan of :func:`_weighted_quantile`: per draw with T > 0, move down from the top value
+    while the weight above the next lower position stays within ``above``."""
+    n = len(sorted_values)
+    for r in range(counts.shape[0]):
+        if total[r] <= 0:
+            continue
+        lim = above[r]
+        acc = 0
+        i = n - 1
+        while i > 0:
+            w = counts[r, sorted_codes[i]]
+            if acc + w > lim:
+                break
+            acc += w
+            i -= 1
+        out[r] = sorted_values[i]
 
 
 class _SessionStatistic:

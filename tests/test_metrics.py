@@ -311,15 +311,19 @@ def test_draws_match_a_slow_reference():
     assert mean.estimate == pytest.approx(1.0) and mean.high == pytest.approx(1.0)
 
 
-def test_weighted_quantile_tail_shortcut_and_fallback_match_numpy():
-    # 3,000 values; the top 20% belong to session 0, so draws without it need the fallback path.
+@pytest.mark.parametrize("q", [0.95, 0.5, 0.05])
+def test_weighted_quantile_matches_numpy(q):
+    # 3,000 values with ties; the top 20% belong to session 0, so draws without it scan past a
+    # weightless top; one draw has no weight at all (NaN).
     rng = np.random.default_rng(5)
-    v = np.sort(rng.uniform(size=3000))
+    v = np.sort(rng.integers(0, 800, size=3000) / 8.0)
     codes = np.where(np.arange(3000) >= 2400, 0, rng.integers(1, 6, 3000))
     counts = rng.integers(0, 3, size=(40, 6))
     counts[::2, 0] = 0
-    got = M._weighted_quantile(v, codes, counts, 0.95)
-    exp = [np.quantile(v, 0.95, method="inverted_cdf", weights=c[codes]) for c in counts]
+    counts[7] = 0
+    got = M._weighted_quantile(v, codes, counts, q)
+    exp = [np.quantile(v, q, method="inverted_cdf", weights=c[codes]) if c[codes].sum() else
+           np.nan for c in counts]
     np.testing.assert_array_equal(got, exp)
 
 
