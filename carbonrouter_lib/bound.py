@@ -186,6 +186,39 @@ def session_bound_dp(
     return total, path, kind
 
 
+def _bound_inputs(table: pd.DataFrame, config: SimulationConfig, signal: CarbonSignal
+                  ) -> dict[str, np.ndarray | float]:
+    """What the bound's session loop reads: tokens per model (new, hist, out), the feasible
+    deployments of each query (quality ∧ context window, no TTFT), arrivals, think times, each
+    query's longest possible service (s), the sessions' row ranges, the signal's grid and end."""
+    deps = config.deployments()
+    new = prepared.model_matrix(table, "new_tokens").astype(np.float64)
+    hist = prepared.model_matrix(table, "history_tokens").astype(np.float64)
+    out = prepared.model_matrix(table, "output_tokens").astype(np.float64)
+    est = prepared.model_matrix(table, "est_output_tokens").astype(np.float64)
+    qual = prepared.model_matrix(table, "quality").astype(np.float64)
+    feasible = QueryBatch(deps, new, hist, est, qual, config.constraints()).ok
+    session = table["session"].to_numpy(np.int64)
+    turn = table["turn"].to_numpy(np.int64)
+    if not (np.all(np.diff(session) >= 0)):
+        raise ValueError("clairvoyant_bound: table rows must be grouped by session")
+    starts = np.flatnonzero(turn == 0)
+    if starts.size == 0 or starts[0] != 0:
+        raise ValueError("clairvoyant_bound: the table must start with a session's turn 0")
+    # Longest possible service of each query on any feasible deployment: full recomputation
+    # (TTFT with nothing cached) plus the realized decode (s); 0 if rejected.
+    m_of = deps.model
+    serve = cost.service_time_s(new[:, m_of], hist[:, m_of], 0.0, out[:, m_of], deps.v_pre,
+                                deps.v_dec)
+    grid = signal.frame.to_numpy(np.float64)
+    return {"new": new, "hist": hist, "out": out, "feasible": feasible,
+            "arrival": table["arrival_s"].to_numpy(np.float64),
+            "think": table["think_s"].to_numpy(np.float64),
+            "max_service": np.where(feasible, serve, 0.0).max(axis=1),
+            "starts": starts.astype(np.int64), "ends": np.append(starts[1:], len(table)),
+            "grid": grid, "end_s": signal.row_interval(len(grid) - 1)[1]}
+
+
 def clairvoyant_bound(
     table: pd.DataFrame,
     config: SimulationConfig | None = None,
@@ -221,35 +254,13 @@ def clairvoyant_bound(
     config = config or SimulationConfig()
     signal = config.signal(signal)
     deps = config.deployments()
-    constraints = config.constraints()
-    new = prepared.model_matrix(table, "new_tokens").astype(np.float64)
-    hist = prepared.model_matrix(table, "history_tokens").astype(np.float64)
-    out = prepared.model_matrix(table, "output_tokens").astype(np.float64)
-    est = prepared.model_matrix(table, "est_output_tokens").astype(np.float64)
-    qual = prepared.model_matrix(table, "quality").astype(np.float64)
-    batch = QueryBatch(deps, new, hist, est, qual, constraints)
-    feasible_all = batch.ok  # quality ∧ context window, per query × deployment (no TTFT)
+    x = _bound_inputs(table, config, signal)
+    new, hist, out, feasible_all = x["new"], x["hist"], x["out"], x["feasible"]
+    arrival, think, max_service = x["arrival"], x["think"], x["max_service"]
+    starts, ends, grid, end_s = x["starts"], x["ends"], x["grid"], x["end_s"]
     session = table["session"].to_numpy(np.int64)
     turn = table["turn"].to_numpy(np.int64)
     n_turns = table["n_turns"].to_numpy(np.int64)
-    arrival = table["arrival_s"].to_numpy(np.float64)
-    think = table["think_s"].to_numpy(np.float64)
-    if not (np.all(np.diff(session) >= 0)):
-        raise ValueError("clairvoyant_bound: table rows must be grouped by session")
-    starts = np.flatnonzero(turn == 0)
-    if starts.size == 0 or starts[0] != 0:
-        raise ValueError("clairvoyant_bound: the table must start with a session's turn 0")
-    ends = np.append(starts[1:], len(table))
-
-    # Longest possible service of each query on any feasible deployment: full recomputation
-    # (TTFT with nothing cached) plus the realized decode (s); 0 if rejected.
-    m_of = deps.model
-    serve = cost.service_time_s(new[:, m_of], hist[:, m_of], 0.0, out[:, m_of], deps.v_pre,
-                                deps.v_dec)
-    max_service = np.where(feasible_all, serve, 0.0).max(axis=1)
-
-    grid = signal.frame.to_numpy(np.float64)
-    end_s = signal.row_interval(len(grid) - 1)[1]
     cand = bound_candidates(deps)
     starts = np.ascontiguousarray(starts, np.int64)
     n = len(table)

@@ -796,24 +796,23 @@ def _replay(
             if k > 0 and prev >= 0 and g != prev and mask[prev] and cached[prev] > 0:
                 c_opp[j] = True
                 if gated and g_kind != 0:  # the two-branch labels: the oracle gate, labelling
-                    c_sw, t_fail = _branch(
-                        g, i, s, t, k, pricing, cached, ci, n_m, new_f, hist_f, out_f, think,
-                        turn, n_turns, model, pool, region, v_pre, v_dec, de, e_in, e_cache,
-                        e_out, e_base, e_unc, block, ok_all, fast_all, d_ttft, free, holder,
-                        n_pools, rec_of, rec_tok, rec_f, rec_ver, rec_pin, used, kv_cap, kvp_of,
-                        ttl, heaps, hsize, ds, da, dv, l_head, l_nxt, es, ea, ev, departed, sig_t,
-                        sig_v, span_lo, span_hi, n_regions, bw)
-                    if math.isnan(c_sw):
-                        return 1, t_fail
-                    c_st, t_fail = _branch(
-                        prev, i, s, t, k, pricing, cached, ci, n_m, new_f, hist_f, out_f, think,
-                        turn, n_turns, model, pool, region, v_pre, v_dec, de, e_in, e_cache,
-                        e_out, e_base, e_unc, block, ok_all, fast_all, d_ttft, free, holder,
-                        n_pools, rec_of, rec_tok, rec_f, rec_ver, rec_pin, used, kv_cap, kvp_of,
-                        ttl, heaps, hsize, ds, da, dv, l_head, l_nxt, es, ea, ev, departed, sig_t,
-                        sig_v, span_lo, span_hi, n_regions, bw)
-                    if math.isnan(c_st):
-                        return 1, t_fail
+                    c_sw = c_st = 0.0
+                    for side in range(2):  # switch to g, stay on prev
+                        a_br = g if side == 0 else prev
+                        c_br, t_fail = _branch(
+                            a_br, i, s, t, k, pricing, cached, ci, n_m, new_f,
+                            hist_f, out_f, think, turn, n_turns, model, pool, region, v_pre, v_dec,
+                            de, e_in, e_cache, e_out, e_base, e_unc, block, ok_all, fast_all,
+                            d_ttft, free, holder, n_pools, rec_of, rec_tok, rec_f, rec_ver,
+                            rec_pin, used, kv_cap, kvp_of, ttl, heaps, hsize, ds, da, dv, l_head,
+                            l_nxt, es, ea, ev, departed, sig_t, sig_v, span_lo, span_hi,
+                            n_regions, bw)
+                        if math.isnan(c_br):
+                            return 1, t_fail
+                        if side == 0:
+                            c_sw = c_br
+                        else:
+                            c_st = c_br
                     if g_kind == 1:
                         adv = c_sw - c_st
                     else:  # record the opportunity; never block

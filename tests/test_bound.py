@@ -24,15 +24,16 @@ from test_simulator import (
     workloads,
 )
 
-from carbonrouter_lib import cost, prepared
+from carbonrouter_lib import cost
 from carbonrouter_lib.bound import (
+    _bound_inputs,
     bound_candidates,
     bound_comparison,
     capacity_rejected_sessions,
     clairvoyant_bound,
     session_bound_dp,
 )
-from carbonrouter_lib.policies import CarbonRouter, Policy, QueryBatch
+from carbonrouter_lib.policies import CarbonRouter, Policy
 
 
 def brute_force(c_none, c_rev, c_full, feasible, flags) -> float:
@@ -291,25 +292,13 @@ def test_compiled_dp_equals_the_numpy_dp(seed):
 
 def _reference_bound(table: pd.DataFrame, config, signal, max_tracked: int) -> pd.DataFrame:
     """The bound's session loop as it was before it was compiled (numpy per session, the DP of
-    session_bound_dp): the oracle of the compiled loop."""
+    session_bound_dp), on the same inputs: the oracle of the compiled loop."""
     deps = config.deployments()
-    new = prepared.model_matrix(table, "new_tokens").astype(np.float64)
-    hist = prepared.model_matrix(table, "history_tokens").astype(np.float64)
-    out = prepared.model_matrix(table, "output_tokens").astype(np.float64)
-    est = prepared.model_matrix(table, "est_output_tokens").astype(np.float64)
-    qual = prepared.model_matrix(table, "quality").astype(np.float64)
-    feasible_all = QueryBatch(deps, new, hist, est, qual, config.constraints()).ok
+    x = _bound_inputs(table, config, signal)
+    new, hist, out, feasible_all = x["new"], x["hist"], x["out"], x["feasible"]
+    arrival, think, max_service = x["arrival"], x["think"], x["max_service"]
+    starts, ends, grid, end_s = x["starts"], x["ends"], x["grid"], x["end_s"]
     turn = table["turn"].to_numpy(np.int64)
-    arrival = table["arrival_s"].to_numpy(np.float64)
-    think = table["think_s"].to_numpy(np.float64)
-    starts = np.flatnonzero(turn == 0)
-    ends = np.append(starts[1:], len(table))
-    m_of = deps.model
-    serve = cost.service_time_s(new[:, m_of], hist[:, m_of], 0.0, out[:, m_of], deps.v_pre,
-                                deps.v_dec)
-    max_service = np.where(feasible_all, serve, 0.0).max(axis=1)
-    grid = signal.frame.to_numpy(np.float64)
-    end_s = signal.row_interval(len(grid) - 1)[1]
     cand = bound_candidates(deps)
     region_c, model_c = deps.region[cand], deps.model[cand]
     e_in, e_cache, e_out = deps.e_in[cand], deps.e_cache[cand], deps.e_out[cand]
