@@ -76,21 +76,18 @@ BEYOND: tuple[int, ...] = (136,)
 BYTES_PER_QUERY: int = 2_000
 
 #: The grids of notebook 04b: (dataset, region sets, copies, memory rules) blocks, every policy of
-#: :data:`SCALE_POLICIES` in each. "full" is the study as run (ShareGPT in the paper's regions to
-#: P = 3,060 under the paper's and the ample memory rule, to P = 2,880 under the hardware rule;
-#: the other region set to P ≈ 2,900 under the first two, ≈ 400 under the hardware rule; the
-#: Mooncake trace to P ≈ 280, 128 copies; its tables in ``docs/evidence/``); "reproduce" the part
+#: :data:`SCALE_POLICIES` in each. "full" is the study as run (ShareGPT in both region sets to
+#: P = 3,066 under all three memory rules; the Mooncake trace to P = 986, 512 copies, in the paper's
+#: regions, where 256 and 512 copies lie beyond :data:`LADDER`'s convergence steps, and to P = 150
+#: in the other set; its tables in ``docs/evidence/``); "reproduce" the part
 #: `make reproduce` affords
 #: (ShareGPT to P ≈ 220 under two memory rules and to P ≈ 400 under the paper's, the Mooncake
 #: trace to P ≈ 150; the other region set at both ends).
 GRIDS: dict[str, tuple[tuple[str, tuple[str, ...], tuple[float, ...], tuple[str, ...]], ...]] = {
     "full": (
-        ("sharegpt", ("paper",), (1, 2, 4, 8, 16, 32), ("paper", "paper x10", "hardware")),
-        ("sharegpt", ("paper",), (64, 128, 136), ("paper", "paper x10")),
-        ("sharegpt", ("paper",), (64, 128), ("hardware",)),
-        ("sharegpt", ("em-only",), (1, 2, 4, 8, 16), ("paper", "paper x10", "hardware")),
-        ("sharegpt", ("em-only",), (32, 64, 128), ("paper", "paper x10")),
-        ("mooncake", ("paper",), (1, 2, 4, 8, 16, 32, 64, 128),
+        ("sharegpt", ("paper", "em-only"), (1, 2, 4, 8, 16, 32, 64, 128, 136),
+         ("paper", "paper x10", "hardware")),
+        ("mooncake", ("paper",), (1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
          ("paper", "paper x10", "hardware")),
         ("mooncake", ("em-only",), (1, 16, 64), ("paper", "paper x10", "hardware")),
     ),
