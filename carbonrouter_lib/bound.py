@@ -255,19 +255,20 @@ def clairvoyant_bound(
     signal = config.signal(signal)
     deps = config.deployments()
     x = _bound_inputs(table, config, signal)
-    new, hist, out, feasible_all = x["new"], x["hist"], x["out"], x["feasible"]
-    arrival, think, max_service = x["arrival"], x["think"], x["max_service"]
-    starts, ends, grid, end_s = x["starts"], x["ends"], x["grid"], x["end_s"]
-    session = table["session"].to_numpy(np.int64)
-    turn = table["turn"].to_numpy(np.int64)
-    n_turns = table["n_turns"].to_numpy(np.int64)
     cand = bound_candidates(deps)
-    starts = np.ascontiguousarray(starts, np.int64)
+    # the loop's arguments but the sessions' ranges and the outputs, the same for every chunk
     n = len(table)
     dep = np.empty(n, np.int64)
     carbon, energy, ci_min = np.empty(n), np.empty(n), np.empty(n)
     coarse = np.zeros(n, np.bool_)  # "region+model" tracking
     span_lo, span_hi = signal._span_s
+    fixed = (x["arrival"], x["think"], x["max_service"], signal._t_s, float(span_lo),
+             float(span_hi), float(x["end_s"]), x["grid"], np.ascontiguousarray(x["feasible"]),
+             cand, deps.region[cand].astype(np.int64), deps.model[cand].astype(np.int64),
+             deps.e_in[cand].astype(np.float64), deps.e_cache[cand].astype(np.float64),
+             deps.e_out[cand].astype(np.float64), x["new"], x["hist"], x["out"], max_tracked,
+             dep, carbon, energy, ci_min, coarse)
+    starts, ends = x["starts"], x["ends"]
     bar = None
     if progress:
         from tqdm import tqdm
@@ -278,23 +279,20 @@ def clairvoyant_bound(
     step = 20_000
     for c0 in range(0, len(starts), step):
         c1 = min(c0 + step, len(starts))
-        bad = _bound_sessions(
-            starts[c0:c1], ends[c0:c1], arrival, think, max_service, signal._t_s,
-            float(span_lo), float(span_hi), float(end_s), grid, np.ascontiguousarray(feasible_all),
-            cand, deps.region[cand].astype(np.int64), deps.model[cand].astype(np.int64),
-            deps.e_in[cand].astype(np.float64), deps.e_cache[cand].astype(np.float64),
-            deps.e_out[cand].astype(np.float64), new, hist, out, max_tracked, dep, carbon,
-            energy, ci_min, coarse)
+        bad = _bound_sessions(starts[c0:c1], ends[c0:c1], *fixed)
         if not np.isnan(bad):
             signal.row_index(bad)  # raises, naming the time and the coverage
         if bar is not None:
             bar.update(c1 - c0)
     if bar is not None:
         bar.close()
+    session = table["session"].to_numpy(np.int64)
+    turn = table["turn"].to_numpy(np.int64)
+    n_turns = table["n_turns"].to_numpy(np.int64)
     return pd.DataFrame({"session": session, "turn": turn, "n_turns": n_turns,
                          "deployment": dep, "carbon_g": carbon, "energy_kwh": energy,
                          "ci_min": ci_min,
-                         "tracking": np.where(coarse, "region+model", "deployment").astype(object)})
+                         "tracking": np.where(coarse, "region+model", "deployment")})
 
 
 @njit(cache=True)

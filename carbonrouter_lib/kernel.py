@@ -389,11 +389,11 @@ def _rank(code, pricing, i, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss, n
 
 
 @njit(cache=True)
-def _branch(a, i, s, t, k, pricing, cached, ci, n_m, new_f, hist_f, out_f, think, turn, n_turns,
+def _branch(a, i, s, t, pricing, cached, ci, n_m, new_f, hist_f, out_f, think, turn, n_turns,
             model, pool, region, v_pre, v_dec, de, e_in, e_cache, e_out, e_base, e_unc, block,
             ok_all, fast_all, d_ttft, slots_free, holder, n_pools, rec_of, rec_tok, rec_f,
             rec_ver, rec_pin, used, kv_cap, kvp_of, ttl, heaps, hsize, ds, da, dv, l_head, l_nxt,
-            es, ea, ev, departed, sig_t, sig_v, span_lo, span_hi, n_regions, bw):
+            es, ea, ev, departed, sig_t, sig_v, span_lo, span_hi, bw):
     """gate.TwoBranchLabeler.branch_carbon: the realized carbon (gCO2e) of serving row i of
     session s on ``a`` at t plus the session's next turn routed by CarbonRouter's proposal on
     what it would see then, the other sessions frozen (Backend.session_after_turn: read, never
@@ -800,13 +800,12 @@ def _replay(
                     for side in range(2):  # switch to g, stay on prev
                         a_br = g if side == 0 else prev
                         c_br, t_fail = _branch(
-                            a_br, i, s, t, k, pricing, cached, ci, n_m, new_f,
+                            a_br, i, s, t, pricing, cached, ci, n_m, new_f,
                             hist_f, out_f, think, turn, n_turns, model, pool, region, v_pre, v_dec,
                             de, e_in, e_cache, e_out, e_base, e_unc, block, ok_all, fast_all,
                             d_ttft, free, holder, n_pools, rec_of, rec_tok, rec_f, rec_ver,
                             rec_pin, used, kv_cap, kvp_of, ttl, heaps, hsize, ds, da, dv, l_head,
-                            l_nxt, es, ea, ev, departed, sig_t, sig_v, span_lo, span_hi,
-                            n_regions, bw)
+                            l_nxt, es, ea, ev, departed, sig_t, sig_v, span_lo, span_hi, bw)
                         if math.isnan(c_br):
                             return 1, t_fail
                         if side == 0:
