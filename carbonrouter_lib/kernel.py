@@ -59,7 +59,8 @@ COUNTERS = ("evicted_tokens", "evicted_caches", "expired_tokens", "expired_cache
             "released_tokens")
 _HOUR_S = 3600.0
 #: Scratch of a two-branch label (_branch): the session's view at its next turn.
-_Branch = namedtuple("_Branch", "free tok f has ci cached avail hit_a hit_miss hit_new mask value")
+_Branch = namedtuple("_Branch",
+                     "free tok f has ci cached avail hit_a hit_miss hit_new mask value eb eu")
 #: Whether the compiled loop can time its decisions here (the x86-64 time-stamp counter).
 TIMES_DECISIONS = platform.machine().lower() in ("x86_64", "amd64")
 
@@ -327,12 +328,16 @@ def _valid(s, a, ver, rec_of, rec_ver, rec_pin):
 def _feasibility(i, at, nd, n_hits, hit_a, hit_miss, hit_new, ok_all, fast_all, avail, v_pre,
                  d_ttft, hist_f, new_f, model, mask, value):
     """policies.feasibility for row i: writes the candidate ``mask`` (``value`` is scratch);
-    returns 0, 1 when the candidates are best-effort, 2 when the query is rejected."""
-    for b in range(nd):
-        mask[b] = fast_all[i, b] and avail[b]
+    returns 0, 1 when the candidates are best-effort, 2 when the query is rejected.
+    ``ok_all`` and ``fast_all`` are per (GPU, model) pair of one region (QueryBatch.ok_block):
+    deployment b's at column b % B."""
+    nb = ok_all.shape[1]
+    for r0 in range(0, nd, nb):
+        for c in range(nb):
+            mask[r0 + c] = fast_all[i, c] and avail[r0 + c]
     for j in range(n_hits):
         b = hit_a[j]
-        if ok_all[i, b] and avail[b]:
+        if ok_all[i, b % nb] and avail[b]:
             mask[b] = (hit_new[j] + hit_miss[j]) / v_pre[b] <= d_ttft
     for b in range(nd):
         if mask[b]:
@@ -341,7 +346,7 @@ def _feasibility(i, at, nd, n_hits, hit_a, hit_miss, hit_new, ok_all, fast_all, 
     n_ok = 0
     for b in range(nd):
         value[b] = math.inf
-        if ok_all[i, b] and avail[b]:
+        if ok_all[i, b % nb] and avail[b]:
             n_ok += 1
             miss = hist_f[at + model[b]]
             for j in range(n_hits):
@@ -358,21 +363,35 @@ def _feasibility(i, at, nd, n_hits, hit_a, hit_miss, hit_new, ok_all, fast_all, 
 
 
 @njit(cache=True)
-def _rank(code, pricing, i, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss, n_hits, mask,
+def _energy_row(at, block, model, e_in, e_cache, e_out, de, new_f, hist_f, est_f, e_base, e_unc):
+    """QueryBatch.energy_base and energy_uncached of the row whose tokens start at ``at``
+    (kWh, per (GPU, model) pair of one region, into ``e_base`` and ``e_unc``): the same
+    operations in the same order, so the same values, computed per decision rather than
+    stored for every query (a service-scale replay's largest array)."""
+    for c in range(block):
+        k = at + model[c]
+        x = e_in[c] * new_f[k] + e_cache[c] * hist_f[k] + e_out[c] * est_f[k]
+        e_base[c] = x
+        e_unc[c] = de[c] * hist_f[k] + x
+
+
+@njit(cache=True)
+def _rank(code, pricing, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss, n_hits, mask,
           value):
     """The candidate with the lowest ranking value (first on ties): energy (SA), carbon (CA,
     CarbonRouter's proposal with pricing) or base carbon (FairCarbon, the proposal without
-    pricing); ``value`` holds the values after."""
+    pricing); ``value`` holds the values after. ``e_base``, ``e_unc``: the query's
+    (_energy_row)."""
     base = code == 2 or (code == 4 and not pricing)
     for b in range(nd):
         if base:
-            value[b] = ci[b] * e_base[i, b % block]
+            value[b] = ci[b] * e_base[b % block]
         else:
-            value[b] = e_unc[i, b % block]
+            value[b] = e_unc[b % block]
     if not base:
         for jh in range(n_hits):
             b = hit_a[jh]
-            value[b] = de[b] * hit_miss[jh] + e_base[i, b % block]
+            value[b] = de[b] * hit_miss[jh] + e_base[b % block]
         if code != 0:
             for b in range(nd):
                 value[b] = ci[b] * value[b]
@@ -390,7 +409,7 @@ def _rank(code, pricing, i, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss, n
 
 @njit(cache=True)
 def _branch(a, i, s, t, pricing, cached, ci, n_m, new_f, hist_f, out_f, think, turn, n_turns,
-            model, pool, region, v_pre, v_dec, de, e_in, e_cache, e_out, e_base, e_unc, block,
+            model, pool, region, v_pre, v_dec, de, e_in, e_cache, e_out, est_f, block,
             ok_all, fast_all, d_ttft, slots_free, holder, n_pools, rec_of, rec_tok, rec_f,
             rec_ver, rec_pin, used, kv_cap, kvp_of, ttl, heaps, hsize, ds, da, dv, l_head, l_nxt,
             es, ea, ev, departed, sig_t, sig_v, span_lo, span_hi, bw):
@@ -483,7 +502,8 @@ def _branch(a, i, s, t, pricing, cached, ci, n_m, new_f, hist_f, out_f, think, t
                           bw.value)
     if status == 2:  # rejected: no next-turn carbon in this branch
         return now_c, 0.0
-    a2 = _rank(4, pricing, i2, nd, ci2, e_base, e_unc, block, de, bw.hit_a, bw.hit_miss, n_hits,
+    _energy_row(at2, block, model, e_in, e_cache, e_out, de, new_f, hist_f, est_f, bw.eb, bw.eu)
+    a2 = _rank(4, pricing, nd, ci2, bw.eb, bw.eu, block, de, bw.hit_a, bw.hit_miss, n_hits,
                bw.mask, bw.value)
     m2 = model[a2]
     c2 = cached2[a2]
@@ -496,7 +516,7 @@ def _branch(a, i, s, t, pricing, cached, ci, n_m, new_f, hist_f, out_f, think, t
 def _replay(
     sess, turn, n_turns, think, n_sessions, new_f, hist_f, out_f, est_f, qual, n_m,
     arr_t, arr_row,
-    e_base, e_unc, ok_all, fast_all, block,
+    ok_all, fast_all, block,
     model, pool, region, gpu, v_pre, v_dec, de, e_in, e_cache, e_out, n_regions, n_pools,
     d_ttft,
     slots, kvp_of, kv_cap, ttl,
@@ -520,13 +540,16 @@ def _replay(
     inf = math.inf
 
     # backend state
+    # (per-row arrays of indices, deployments and versions are int32: a replay has fewer
+    # than 2**31 rows, see replay(), and at service scale these arrays are most of the loop's
+    # memory)
     rec_of = np.full((n_sessions, nd), -1, np.int32)
-    rec_s = np.empty(n + 1, np.int64)
-    rec_a = np.empty(n + 1, np.int64)
+    rec_s = np.empty(n + 1, np.int32)
+    rec_a = np.empty(n + 1, np.int32)
     rec_tok = np.empty(n + 1, np.int64)
     rec_f = np.empty(n + 1, np.float64)
     rec_pin = np.empty(n + 1, np.bool_)
-    rec_ver = np.empty(n + 1, np.int64)
+    rec_ver = np.empty(n + 1, np.int32)
     n_rec = 0
     version = 0
     now = -inf
@@ -537,13 +560,13 @@ def _replay(
     used = np.zeros(n_kv, np.int64)
     # queue entries (one per completion with tokens > 0): live LRU list per KV pool + expiry list
     ef = np.empty(n + 1, np.float64)
-    es = np.empty(n + 1, np.int64)
-    ea = np.empty(n + 1, np.int64)
-    ev = np.empty(n + 1, np.int64)
-    l_nxt = np.empty(n + 1, np.int64)
-    l_prv = np.empty(n + 1, np.int64)
-    x_nxt = np.empty(n + 1, np.int64)
-    x_prv = np.empty(n + 1, np.int64)
+    es = np.empty(n + 1, np.int32)
+    ea = np.empty(n + 1, np.int32)
+    ev = np.empty(n + 1, np.int32)
+    l_nxt = np.empty(n + 1, np.int32)
+    l_prv = np.empty(n + 1, np.int32)
+    x_nxt = np.empty(n + 1, np.int32)
+    x_prv = np.empty(n + 1, np.int32)
     n_e = 0
     l_head = np.full(n_kv, -1, np.int64)
     l_tail = np.full(n_kv, -1, np.int64)
@@ -551,9 +574,9 @@ def _replay(
     x_tail = np.full(1, -1, np.int64)
     # departed sessions' caches: entries and one heap per KV pool
     df = np.empty(n + 1, np.float64)
-    ds = np.empty(n + 1, np.int64)
-    da = np.empty(n + 1, np.int64)
-    dv = np.empty(n + 1, np.int64)
+    ds = np.empty(n + 1, np.int32)
+    da = np.empty(n + 1, np.int32)
+    dv = np.empty(n + 1, np.int32)
     n_d = 0
     heaps = List()
     for _ in range(n_kv):
@@ -578,12 +601,14 @@ def _replay(
     bw = _Branch(np.empty(n_pools, np.int64), np.empty(nd, np.int64), np.empty(nd),
                  np.empty(nd, np.bool_), np.empty(nd), np.empty(nd), np.empty(nd, np.bool_),
                  np.empty(nd, np.int64), np.empty(nd), np.empty(nd), np.empty(nd, np.bool_),
-                 np.empty(nd))
+                 np.empty(nd), np.empty(block), np.empty(block))
+    e_base = np.empty(block)  # the query's energies (_energy_row)
+    e_unc = np.empty(block)
     h_keep = np.full(n_kv, h_keep0)
     h_stayed = 1.0
     cur_row = -1
     prev_served = np.full(n_sessions, -1, np.int64)
-    served_on = np.full(n, -1, np.int64)
+    served_on = np.full(n, -1, np.int32)
     home = np.full(n_sessions, -1, np.int64)
     ci_from, ci_until = inf, -inf
 
@@ -713,6 +738,8 @@ def _replay(
                 if tot > best_free:
                     best, best_free = g, tot
             home[s] = r0 if r0_free > 0 else best
+        _energy_row(at, block, model, e_in, e_cache, e_out, de, new_f, hist_f, est_f, e_base,
+                    e_unc)
         # feasibility (Eq. 7)
         status = _feasibility(i, at, nd, n_hits, hit_a, hit_miss, hit_new, ok_all, fast_all,
                               avail, v_pre, d_ttft, hist_f, new_f, model, mask, value)
@@ -752,10 +779,10 @@ def _replay(
                            h_out[fo], h_stay[fo], e_in, e_cache, e_out, region, model, kvp_of,
                            h_keep, n_m, h_cache_survival, h_stickiness)
             for b in range(nd):
-                value[b] = e_unc[i, b % block]
+                value[b] = e_unc[b % block]
             for jh in range(n_hits):
                 b = hit_a[jh]
-                value[b] = de[b] * hit_miss[jh] + e_base[i, b % block]
+                value[b] = de[b] * hit_miss[jh] + e_base[b % block]
             lo = inf
             for b in range(nd):
                 value[b] = ci[b] * value[b] + future[b]
@@ -767,7 +794,7 @@ def _replay(
                         a = b
                         break
         elif a == -1 and code != 3:
-            a = _rank(code, pricing, i, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss,
+            a = _rank(code, pricing, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss,
                       n_hits, mask, value)
             if code == 0:  # SA's tie-break: the most free slots of the pool, then the index
                 n_tied = 0
@@ -783,7 +810,7 @@ def _replay(
             r0 = home[s]
             lo = inf
             for b in range(nd):
-                value[b] = ci[b] * e_base[i, b % block]
+                value[b] = ci[b] * e_base[b % block]
             for b in range(r0 * block, (r0 + 1) * block):
                 if mask[b] and value[b] < lo:
                     lo, a = value[b], b
@@ -802,7 +829,7 @@ def _replay(
                         c_br, t_fail = _branch(
                             a_br, i, s, t, pricing, cached, ci, n_m, new_f,
                             hist_f, out_f, think, turn, n_turns, model, pool, region, v_pre, v_dec,
-                            de, e_in, e_cache, e_out, e_base, e_unc, block, ok_all, fast_all,
+                            de, e_in, e_cache, e_out, est_f, block, ok_all, fast_all,
                             d_ttft, free, holder, n_pools, rec_of, rec_tok, rec_f, rec_ver,
                             rec_pin, used, kv_cap, kvp_of, ttl, heaps, hsize, ds, da, dv, l_head,
                             l_nxt, es, ea, ev, departed, sig_t, sig_v, span_lo, span_hi, bw)
@@ -951,15 +978,15 @@ def _features(z, i, g, b, ci, ci_region, e_base, e_unc, block, de, hit_a, hit_mi
               kv_cap, free, sig_t, sig_v, t):
     """gate.gate_features for the switch opportunity (g, b) of row i (same values)."""
     # E(a), CI·E(a) and CI·E_base(a) at g and b
-    e_g = e_unc[i, g % block]
-    e_b = e_unc[i, b % block]
+    e_g = e_unc[g % block]
+    e_b = e_unc[b % block]
     for jh in range(n_hits):
         if hit_a[jh] == g:
-            e_g = de[g] * hit_miss[jh] + e_base[i, g % block]
+            e_g = de[g] * hit_miss[jh] + e_base[g % block]
         if hit_a[jh] == b:
-            e_b = de[b] * hit_miss[jh] + e_base[i, b % block]
+            e_b = de[b] * hit_miss[jh] + e_base[b % block]
     c_g, c_b = ci[g] * e_g, ci[b] * e_b
-    cb_g, cb_b = ci[g] * e_base[i, g % block], ci[b] * e_base[i, b % block]
+    cb_g, cb_b = ci[g] * e_base[g % block], ci[b] * e_base[b % block]
     mb, mg = model[b], model[g]
     at = i * n_m
     hist_b, hist_g = hist_f[at + mb], hist_f[at + mg]
@@ -1052,5 +1079,9 @@ def replay(arrays: dict) -> tuple[int, float]:
     """Run the compiled loop on the arrays ``simulator.simulate`` prepared (the keyword names of
     :func:`_replay`); returns (status, time): status 1 when the carbon signal does not cover
     the dispatch ``time`` (s)."""
+    if len(arrays["sess"]) >= 2**30:
+        raise ValueError(f"kernel.replay: {len(arrays['sess'])} queries; the compiled loop "
+                         f"indexes rows and cache versions (up to two per row) with int32, so "
+                         f"a replay holds fewer than 2**30 queries")
     status, t = _replay(**arrays)
     return int(status), float(t)

@@ -103,8 +103,9 @@ def column(quantity: str, model: str) -> str:
 
 
 def model_matrix(table: pd.DataFrame, quantity: str) -> np.ndarray:
-    """The ``(n_queries, 5)`` array of one per-model quantity, columns in MODELS order."""
-    return table[[column(quantity, m) for m in MODELS]].to_numpy()
+    """The ``(n_queries, 5)`` array of one per-model quantity, columns in MODELS order,
+    C-contiguous (a row's models side by side: flat views of it need no copy)."""
+    return np.ascontiguousarray(table[[column(quantity, m) for m in MODELS]].to_numpy())
 
 
 @dataclass(frozen=True)

@@ -140,12 +140,24 @@ def check_table(table: pd.DataFrame) -> None:
                          f"({int(bad_think.sum())} rows)")
 
 
+def _token_matrix(table: pd.DataFrame, quantity: str) -> np.ndarray:
+    """:func:`prepared.model_matrix` of a token count, int32 when the table's counts are
+    integers that fit (half the memory of float64 at service scale; every use converts them
+    exactly), else float64."""
+    m = prepared.model_matrix(table, quantity)
+    info = np.iinfo(np.int32)
+    if np.issubdtype(m.dtype, np.integer) and (m.size == 0 or (info.min <= m.min()
+                                                               and m.max() <= info.max)):
+        return m.astype(np.int32)
+    return m.astype(np.float64)
+
+
 def _records(rec: dict[str, np.ndarray], table: pd.DataFrame, deps: Deployments,
-             batch: QueryBatch, signal: CarbonSignal, new: np.ndarray, hist: np.ndarray,
-             out: np.ndarray, qual: np.ndarray) -> pd.DataFrame:
+             signal: CarbonSignal, new: np.ndarray, hist: np.ndarray, out: np.ndarray,
+             est: np.ndarray, qual: np.ndarray) -> pd.DataFrame:
     """The records table (metrics.RECORD_COLUMNS, dispatch order) from what the loop wrote: the
     realized energy (Eq. 4, realized output) and carbon with the intensity at dispatch (Eq. 5),
-    the router's estimates Ĉ(a) = CI·E(a) (Eq. 4 with the estimated output, in the batch's
+    the router's estimates Ĉ(a) = CI·E(a) (Eq. 4 with the estimated output, in QueryBatch's
     regrouped form so that they equal what the policy saw), the recomputation energy, quality
     and whether the region was the cleanest. Vectorized over queries: the same IEEE operations
     in the same order as per query, so the values are those a per-query computation gives."""
@@ -161,8 +173,8 @@ def _records(rec: dict[str, np.ndarray], table: pd.DataFrame, deps: Deployments,
     ci_all = signal.at(rec["dispatch_s"])
     ci = ci_all[np.arange(len(a)), deps.region[a]]
     missed = n_hist - cached
-    est_energy = np.where(served, cost.energy_from_base_kwh(
-        batch.energy_base[row, a % batch.block], e_in - e_cache, missed), 0.0)
+    e_base = cost.energy_base_kwh(e_in, e_cache, e_out, n_new, n_hist, est[row, m])
+    est_energy = np.where(served, cost.energy_from_base_kwh(e_base, e_in - e_cache, missed), 0.0)
     big = MODELS.index("Llama-3.1-70B")
     return pd.DataFrame({
         "session": table["session"].to_numpy(np.int64)[row],
@@ -170,7 +182,7 @@ def _records(rec: dict[str, np.ndarray], table: pd.DataFrame, deps: Deployments,
         "n_turns": table["n_turns"].to_numpy(np.int64)[row],
         "deployment": dep, "dispatch_s": rec["dispatch_s"], "completion_s": rec["completion_s"],
         # a rejected query's history is counted in the 70B's tokens
-        "history_tokens": np.where(served, n_hist, hist[row, big]),
+        "history_tokens": np.where(served, n_hist, hist[row, big]).astype(np.float64),
         "cached_tokens": cached, "energy_kwh": energy, "carbon_g": ci * energy,
         "est_energy_kwh": est_energy, "est_carbon_g": ci * est_energy,
         "recompute_energy_kwh": np.where(
@@ -285,10 +297,8 @@ def simulate(
     n_turns = table["n_turns"].to_numpy(dtype=np.int64)
     arrival = table["arrival_s"].to_numpy(dtype=np.float64)
     think = table["think_s"].to_numpy(dtype=np.float64)
-    new = prepared.model_matrix(table, "new_tokens").astype(np.float64)
-    hist = prepared.model_matrix(table, "history_tokens").astype(np.float64)
-    out = prepared.model_matrix(table, "output_tokens").astype(np.float64)
-    est = prepared.model_matrix(table, "est_output_tokens").astype(np.float64)
+    new, hist, out, est = (_token_matrix(table, q) for q in (
+        "new_tokens", "history_tokens", "output_tokens", "est_output_tokens"))
     qual = prepared.model_matrix(table, "quality").astype(np.float64)
     first_row = np.flatnonzero(turn == 0)
     # sessions' first turns in time order (ties by row): the arrivals both loops merge in
@@ -319,7 +329,8 @@ def simulate(
         rec, counters, dec_ns = _replay_compiled(
             spec, loop_arrays, replay_info, table, deps, batch, signal, be, backend_cfg,
             constraints, policy, progress, time_decisions)
-        return _result(rec, table, deps, batch, signal, new, hist, out, qual, conversation,
+        del batch, loop_arrays  # freed before the records are built (a large replay's peak)
+        return _result(rec, table, deps, signal, new, hist, out, est, qual, conversation,
                        policy, backend_cfg, counters, dec_ns)
 
     # The loop reads scalars: Python lists and typed arrays are much faster to index, and
@@ -328,7 +339,8 @@ def simulate(
     session_l, turn_l, n_turns_l = session.tolist(), turn.tolist(), n_turns.tolist()
     think_l = think.tolist()
     n_m = new.shape[1]
-    new_l, hist_l, out_l = (array.array("d", x.tobytes()) for x in (new, hist, out))
+    new_l, hist_l, out_l = (array.array("d", x.astype(np.float64).tobytes())
+                            for x in (new, hist, out))
     v_pre, v_dec = deps.v_pre.tolist(), deps.v_dec.tolist()
     model_of, n_dep = deps.model.tolist(), deps.n
     ctx, cand = QueryContext(deps), Candidates(deps.n)
@@ -456,7 +468,7 @@ def simulate(
         raise RuntimeError(f"replay dispatched {done} of {n} queries")
 
     rec = {name: np.frombuffer(cols[name], dtype=dtype) for name, dtype, _ in _LOOP_FIELDS}
-    return _result(rec, table, deps, batch, signal, new, hist, out, qual, conversation, policy,
+    return _result(rec, table, deps, signal, new, hist, out, est, qual, conversation, policy,
                    backend_cfg, be.counters(), dec_ns)
 
 
@@ -478,8 +490,7 @@ def _replay_compiled(spec: dict, loop_arrays: dict[str, np.ndarray], replay_info
     span_lo, span_hi = signal._span_s
     arrays = dict(
         **loop_arrays,
-        e_base=batch.energy_base, e_unc=batch.energy_uncached, ok_all=batch.ok,
-        fast_all=batch.fast, block=batch.block,
+        ok_all=batch.ok_block, fast_all=batch.fast_block, block=batch.block,
         model=deps.model.astype(np.int64), pool=np.asarray(deps.pool, np.int64),
         region=deps.region.astype(np.int64), gpu=deps.gpu.astype(np.int64),
         v_pre=deps.v_pre.astype(np.float64), v_dec=deps.v_dec.astype(np.float64),
@@ -546,12 +557,12 @@ def _span(table: pd.DataFrame, signal: CarbonSignal) -> tuple[float, float]:
 
 
 def _result(rec: dict[str, np.ndarray], table: pd.DataFrame, deps: Deployments,
-            batch: QueryBatch, signal: CarbonSignal, new: np.ndarray, hist: np.ndarray,
-            out: np.ndarray, qual: np.ndarray, conversation: np.ndarray, policy: Policy,
+            signal: CarbonSignal, new: np.ndarray, hist: np.ndarray, out: np.ndarray,
+            est: np.ndarray, qual: np.ndarray, conversation: np.ndarray, policy: Policy,
             backend_cfg: BackendConfig, counters: dict[str, int],
             dec_ns: np.ndarray | None) -> SimulationResult:
     """The records and provenance of a replay from the loop's columns."""
-    records = _records(rec, table, deps, batch, signal, new, hist, out, qual)
+    records = _records(rec, table, deps, signal, new, hist, out, est, qual)
     order = rec["row"]
     dep = rec["deployment"]
     served = dep >= 0

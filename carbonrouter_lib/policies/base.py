@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import array
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -156,7 +157,8 @@ class QueryBatch:
     deployments : Deployments
     config : ConstraintConfig or None
     tokens : ndarray, float64 (N, 3, n_models)
-        Rows new, history, estimated output tokens per model.
+        Rows new, history, estimated output tokens per model (built on first access: the
+        compiled loop reads the inputs themselves).
     quality : ndarray, float64 (N, n_models)
     block : int
         Deployments per region, B = n / n_regions. The per-deployment terms below do not depend
@@ -165,16 +167,21 @@ class QueryBatch:
         column ``a % B``.
     energy_base : ndarray, float64 (N, B)
         E_base(a) = e_in·N_new + e_cache·N_hist + e_out·N_out_est (:func:`.cost.energy_base_kwh`),
-        kWh.
+        kWh; built on first access (the compiled loop computes a query's per decision).
     energy_uncached : ndarray, float64 (N, B)
         E(a) with nothing cached, E_base + (e_in − e_cache)·N_hist
-        (:func:`.cost.energy_from_base_kwh`), kWh.
+        (:func:`.cost.energy_from_base_kwh`), kWh; built on first access.
+    ok_block, fast_block : ndarray of bool (N, B), or None without ``config``
+        See :func:`_checks`: quality ∧ context window, and that ∧ TTFT(L = 0) ≤ D_TTFT; like
+        the energies, per (GPU, model) pair of one region.
     ok, fast : ndarray of bool (N, n), or None without ``config``
-        See :func:`_checks`: quality ∧ context window, and that ∧ TTFT(L = 0) ≤ D_TTFT; over
-        every deployment (one byte each: the per-query mask is then one flat operation).
+        ``ok_block`` and ``fast_block`` over every deployment (one byte each: the Python
+        loop's per-query mask is then one flat operation), built on first access.
 
-    Every array is read-only. Memory: 2 float64 arrays of N × B and 2 bool arrays of N × n
-    (2M queries, 4 regions × 15 (GPU, model) pairs: about 720 MB).
+    Every array is read-only. Memory: 2 bool arrays of N × B (2M queries, 15 (GPU, model)
+    pairs: 60 MB); the Python loop's arrays (the energies, ``tokens``, ``ok``, ``fast`` and flat
+    copies) add about 26 bytes per query and deployment when first read. The compiled loop
+    reads none of them: a service-scale replay keeps only what it needs.
     """
 
     def __init__(
@@ -190,54 +197,108 @@ class QueryBatch:
     ) -> None:
         d = deployments
         n_m = len(d.models)
-        tokens = np.stack([np.asarray(x, dtype=np.float64) for x in (n_new, n_hist, n_out_est)],
-                          axis=1)
-        q = np.array(quality, dtype=np.float64)
-        if tokens.ndim != 3 or tokens.shape[2] != n_m or q.shape != (tokens.shape[0], n_m):
+        # Read-only views of the inputs (no copies; integer counts stay integers): the Python
+        # loop's stacked and flat float64 forms are built from them on first access.
+        inputs = [np.asarray(x) for x in (n_new, n_hist, n_out_est)]
+        inputs = [(x if np.issubdtype(x.dtype, np.integer) else x.astype(np.float64, copy=False))
+                  .view() for x in inputs]
+        q = np.asarray(quality, dtype=np.float64).view()
+        if (any(x.ndim != 2 or x.shape[1] != n_m or x.shape != inputs[0].shape for x in inputs)
+                or q.shape != inputs[0].shape):
             raise ValueError(f"QueryBatch: token counts and quality must be (N, {n_m}) arrays "
-                             f"of one N; got tokens {tokens.shape[::2]}, quality {q.shape}")
+                             f"of one N; got tokens {[x.shape for x in inputs]}, quality "
+                             f"{q.shape}")
         if check:
-            for j, name in enumerate(("n_new", "n_hist", "n_out_est")):
-                _check_rows(name, tokens[:, j], ~np.isfinite(tokens[:, j]) | (tokens[:, j] < 0))
+            for x, name in zip(inputs, ("n_new", "n_hist", "n_out_est"), strict=True):
+                _check_rows(name, x, ~np.isfinite(x) | (x < 0))
             _check_rows("quality", q, ~((q >= 0) & (q <= 1)))
-        n_q = tokens.shape[0]
-        self.conversation: list[int] | None = None
+        n_q = q.shape[0]
+        self._conversation: np.ndarray | None = None
         if conversation is not None:
             conv = np.asarray(conversation)
             if conv.shape != (n_q,) or not np.issubdtype(conv.dtype, np.integer):
                 raise ValueError(f"QueryBatch: conversation must be {n_q} integers, got "
                                  f"{conv.dtype} {conv.shape}")
-            self.conversation = conv.tolist()  # a list: scalar reads on the hot path
+            self._conversation = conv
         self.deployments, self.config = d, config
-        self.tokens, self.quality = tokens, q
-        # N_new and N_hist per model as a flat typed array: scalar reads on the hot path.
+        self._inputs, self.quality = inputs, q
         self._n_models = n_m
-        self._new_hist = array.array("d", tokens[:, :2].tobytes())
         self._d0 = d0 = _first_region(d)
+        self._n_regions = len(d.regions)
         self.block = d0.n
-        self.energy_base = np.empty((n_q, d0.n))
-        self.energy_uncached = np.empty((n_q, d0.n))
-        self.ok = self.fast = None
-        n_r = len(d.regions)
+        self.ok_block = self.fast_block = None
         if config is not None:
-            self.ok = np.empty((n_q, d.n), dtype=bool)
-            self.fast = np.empty((n_q, d.n), dtype=bool)
-            ok_all = self.ok.reshape(n_q, n_r, -1)
-            fast_all = self.fast.reshape(n_q, n_r, -1)
+            self.ok_block = np.empty((n_q, d0.n), dtype=bool)
+            self.fast_block = np.empty((n_q, d0.n), dtype=bool)
+            for lo in range(0, n_q, _BLOCK):
+                rows = slice(lo, lo + _BLOCK)
+                new, hist, out = (_gather(d0, x[rows]).astype(np.float64) for x in inputs)
+                self.ok_block[rows], self.fast_block[rows] = _checks(d0, q[rows], new, hist, out,
+                                                                     config)
+        for arr in (*inputs, q, self.ok_block, self.fast_block):
+            if arr is not None:
+                arr.flags.writeable = False
+
+    @functools.cached_property
+    def _energies(self) -> tuple[np.ndarray, np.ndarray]:
+        d0 = self._d0
+        n_q = self.quality.shape[0]
+        energy_base, energy_uncached = np.empty((n_q, d0.n)), np.empty((n_q, d0.n))
         de = d0.e_in - d0.e_cache  # kWh/token: the recomputation energy of one missed token
         for lo in range(0, n_q, _BLOCK):
             rows = slice(lo, lo + _BLOCK)
-            new, hist, out = (_gather(d0, tokens[rows, j]) for j in range(3))
+            new, hist, out = (_gather(d0, x[rows]).astype(np.float64) for x in self._inputs)
             eb = cost.energy_base_kwh(d0.e_in, d0.e_cache, d0.e_out, new, hist, out)
-            self.energy_base[rows] = eb
-            self.energy_uncached[rows] = cost.energy_from_base_kwh(eb, de, hist)
-            if config is not None:
-                ok, fast = _checks(d0, q[rows], new, hist, out, config)
-                ok_all[rows], fast_all[rows] = ok[:, None], fast[:, None]
-        for arr in (self.tokens, self.quality, self.energy_base, self.energy_uncached, self.ok,
-                    self.fast):
-            if arr is not None:
-                arr.flags.writeable = False
+            energy_base[rows] = eb
+            energy_uncached[rows] = cost.energy_from_base_kwh(eb, de, hist)
+        energy_base.flags.writeable = energy_uncached.flags.writeable = False
+        return energy_base, energy_uncached
+
+    @property
+    def energy_base(self) -> np.ndarray:
+        """E_base per query and (GPU, model) pair, kWh (N, B); built on first access."""
+        return self._energies[0]
+
+    @property
+    def energy_uncached(self) -> np.ndarray:
+        """E with nothing cached per query and (GPU, model) pair, kWh (N, B); built on first
+        access."""
+        return self._energies[1]
+
+    @functools.cached_property
+    def tokens(self) -> np.ndarray:
+        """New, history and estimated output tokens per model, float64 (N, 3, n_models)."""
+        tokens = np.stack(self._inputs, axis=1, dtype=np.float64)
+        tokens.flags.writeable = False
+        return tokens
+
+    @functools.cached_property
+    def _new_hist(self) -> array.array:
+        # N_new and N_hist per model as a flat typed array: scalar reads on the hot path.
+        return array.array("d", self.tokens[:, :2].tobytes())
+
+    @functools.cached_property
+    def conversation(self) -> list[int] | None:
+        """The conversation of each query (None: each session is its own), a list: scalar
+        reads on the Python loop's hot path."""
+        return None if self._conversation is None else self._conversation.tolist()
+
+    @functools.cached_property
+    def ok(self) -> np.ndarray | None:
+        """``ok_block`` over every deployment, bool (N, n)."""
+        return self._tiled(self.ok_block)
+
+    @functools.cached_property
+    def fast(self) -> np.ndarray | None:
+        """``fast_block`` over every deployment, bool (N, n)."""
+        return self._tiled(self.fast_block)
+
+    def _tiled(self, per_block: np.ndarray | None) -> np.ndarray | None:
+        if per_block is None:
+            return None
+        out = np.tile(per_block, (1, self._n_regions))
+        out.flags.writeable = False
+        return out
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
