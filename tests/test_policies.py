@@ -407,6 +407,23 @@ def test_gar_home_region_is_a_seeded_uniform_draw():
     assert [GARDagger(seed=8).draw_region(s, 4) for s in range(50)] != homes[:50]
 
 
+def test_gar_memoized_draws_equal_the_per_session_draws():
+    # The compiled rule's draws come from a per-process memo; whatever was drawn before (other
+    # ids, another seed or region count, repeated and unsorted ids), they are draw_region's.
+    ids = np.array([5, 3, 3, 900, 0, 41, 5, 2_000])
+    for seed, n_r in ((11, 4), (11, 3), (12, 4), (11, 4)):
+        p = GARDagger(seed=seed)
+        want = [p.draw_region(int(s), n_r) for s in ids]
+        assert p.draw_regions(ids, n_r).tolist() == want
+        assert p.draw_regions(ids[::-1], n_r).tolist() == want[::-1]
+    p = GARDagger(seed=11)
+    assert p.draw_regions(np.arange(3_000), 4).tolist() == [
+        p.draw_region(s, 4) for s in range(3_000)]
+    assert p.draw_regions(np.array([], np.int64), 4).tolist() == []
+    with pytest.raises(ValueError, match="ids >= 0"):
+        p.draw_regions(np.array([3, -1]), 4)
+
+
 def test_gar_full_home_region_goes_to_the_region_with_most_free_slots():
     p = GARDagger(seed=3)
     s = 11
