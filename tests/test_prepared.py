@@ -196,6 +196,28 @@ def test_copies_draw_their_own_starts_and_think_times():
     assert list(first["session"]) == list(range(len(first)))
 
 
+def test_sessions_starting_at_the_same_instant_keep_their_own_turns(monkeypatch):
+    # At service scale some sessions draw the same start (float64 at epoch seconds); their rows
+    # must not interleave into each other's sessions.
+    from carbonrouter_lib import arrivals
+
+    draw = arrivals.session_start_times
+
+    def coarse(n, config, rng):  # every start on a 6-hour grid: many ties
+        t = draw(n, config, rng)
+        return np.floor(t / 21_600.0) * 21_600.0
+
+    monkeypatch.setattr(arrivals, "session_start_times", coarse)
+    t = _scaled(3)
+    first = t[t["turn"] == 0]
+    assert first["arrival_s"].duplicated().sum() > 100
+    from carbonrouter_lib.simulator import check_table
+
+    check_table(t)  # turns 0, 1, … grouped by session, n_turns rows each
+    assert t.groupby("session")["conversation_id"].nunique().eq(1).all()
+    assert t["session"].nunique() == 180
+
+
 def test_scaled_tables_are_deterministic_and_depend_on_the_seed():
     a, b = _scaled(2.5), _scaled(2.5)
     pd.testing.assert_frame_equal(a, b)
