@@ -22,12 +22,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import replays, scale
+from carbonrouter_lib import prepared, replays, scale
 from carbonrouter_lib.replays import SEASONS
 from carbonrouter_lib.sweep import RunSpec
 
-__all__ = ["TARGET", "ONLINE", "VARIANTS", "NOISE", "TUNED", "SETTING", "GRIDS", "setting",
-           "grid", "grid_settings", "table", "verdicts", "variants_table"]
+__all__ = ["TARGET", "ONLINE", "VARIANTS", "NOISE", "TUNED", "SETTING", "GRIDS", "SCALE_GRIDS",
+           "SCALE_BY", "setting", "grid", "grid_settings", "scale_grid", "table", "scale_table",
+           "verdicts", "variants_table"]
 
 #: The router evaluated (registry name; its defaults).
 TARGET = "carbonrouter-horizon"
@@ -87,6 +88,23 @@ GRIDS: dict[str, tuple[list[dict[str, str]], list[dict[str, str]]]] = {
 }
 
 
+#: The scale sweeps of notebook 09: per grid, (dataset, copies, KV-memory rules) blocks, every
+#: online policy and the router in each, in the paper's regions over the tuned setting's window
+#: (winter; :func:`carbonrouter_lib.scale.scale_specs`, copies as notebook 04b's ladder: ShareGPT
+#: P = 40 at 1 copy, 126 at 4, 407 at 16, 1,481 at 64, 3,066 at 136; the Mooncake trace P = 10
+#: at 1, 150 at 64, 277 at 128). Not tuned on, but the tuned setting's workload, regions and
+#: window at other scales: the memory rule and the scale are what changes.
+SCALE_GRIDS: dict[str, tuple[tuple[str, tuple[float, ...], tuple[str, ...]], ...]] = {
+    "reproduce": (("sharegpt", (1, 8), ("paper", "paper x10")),),
+    "extended": (("sharegpt", (1, 4, 16, 64), ("paper", "paper x10")),),
+    "full": (("sharegpt", (1, 4, 16, 64, 136), ("paper", "paper x10")),
+             ("mooncake", (1, 64, 128), ("paper", "paper x10"))),
+    "smoke": (("sharegpt", (1,), ("paper",)),),
+}
+#: The columns that tell the scale sweep's settings apart.
+SCALE_BY: tuple[str, ...] = ("dataset", "region_set", "memory", "copies")
+
+
 def grid_settings(name: str) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """The settings of :data:`GRIDS` entry ``name`` (KeyError naming the grids otherwise)."""
     if name not in GRIDS:
@@ -134,6 +152,28 @@ def grid(settings: Sequence[Mapping[str, str]], variants_in: Sequence[Mapping[st
     return pd.DataFrame(rows)
 
 
+def scale_grid(name: str, seed: int = 0, max_conversations: int | None = None) -> pd.DataFrame:
+    """The runs of :data:`SCALE_GRIDS` entry ``name``: every block's copies × memory rules ×
+    (:data:`ONLINE` and :data:`TARGET`), in the paper's regions; one row per run as
+    :func:`carbonrouter_lib.scale.scale_specs` (``SCALE_BY``, ``policy``, ``key``, ``spec``)."""
+    if name not in SCALE_GRIDS:
+        raise KeyError(f"unknown scale grid {name!r}; one of {list(SCALE_GRIDS)}")
+    parts = [scale.scale_specs(
+        {ds: prepared.WorkloadConfig(dataset=ds, seed=seed, max_conversations=max_conversations)},
+        ["paper"], copies, memories, (*ONLINE, TARGET))
+        for ds, copies, memories in SCALE_GRIDS[name]]
+    return pd.concat(parts, ignore_index=True)
+
+
+def scale_table(results: Mapping[str, Any], runs: pd.DataFrame, n_boot: int = 2000,
+                seed: int = 0) -> pd.DataFrame:
+    """:func:`table` of a :func:`scale_grid`: per (dataset, region set, memory rule, copies),
+    every policy's Table-1 quantities at that scale (``peak_sessions`` P) and the router's
+    saving over it with its CI."""
+    return scale.scale_table(results, runs, target=TARGET, n_boot=n_boot, seed=seed,
+                             by=SCALE_BY)
+
+
 def table(results: Mapping[str, Any], runs: pd.DataFrame, n_boot: int = 2000,
           seed: int = 0) -> pd.DataFrame:
     """Table 1's quantities of every run (:func:`carbonrouter_lib.scale.scale_table` with the
@@ -144,13 +184,16 @@ def table(results: Mapping[str, Any], runs: pd.DataFrame, n_boot: int = 2000,
     return t.assign(held_out=~tuned)
 
 
-def verdicts(t: pd.DataFrame) -> pd.DataFrame:
-    """Per setting, the targets: whether the router has the lowest CO2 of the online policies,
-    the best other online policy and the router's saving over it with its CI (``holds`` when
-    the CI is above 0, ``fails`` when below, ``tie`` otherwise), its P95 TTFT against
-    CarbonRouter's, its quality against Session-Affinity's."""
+def verdicts(t: pd.DataFrame, by: Sequence[str] = SETTING) -> pd.DataFrame:
+    """Per setting (the columns ``by``: :data:`SETTING`, or :data:`SCALE_BY` for a
+    :func:`scale_table`), the targets: whether the router has the lowest CO2 of the online
+    policies, the best other online policy and the router's saving over it with its CI
+    (``holds`` when the CI is above 0, ``fails`` when below, ``tie`` otherwise), its P95 TTFT
+    against CarbonRouter's, its quality against Session-Affinity's (``held_out``: from
+    :func:`table`; True in a scale sweep)."""
     rows = []
-    for setting, g in t.groupby(list(SETTING), sort=False):
+    by = list(by)
+    for setting, g in t.groupby(by, sort=False):
         g = g.set_index("policy")
         others = g.loc[[p for p in ONLINE if p in g.index]]
         best = others["co2_rel"].idxmin()
@@ -162,8 +205,9 @@ def verdicts(t: pd.DataFrame) -> pd.DataFrame:
             verdict = "fails"
         else:
             verdict = "tie"
-        rows.append(dict(zip(SETTING, setting, strict=True)) | {
-            "held_out": bool(me["held_out"]), "co2_rel": me["co2_rel"],
+        rows.append(dict(zip(by, setting, strict=True)) | {
+            "peak_sessions": me.get("peak_sessions", np.nan),
+            "held_out": bool(me.get("held_out", True)), "co2_rel": me["co2_rel"],
             "best_other": best, "best_other_co2_rel": b["co2_rel"],
             "saving_vs_best_pct": b["saving_pct"], "ci_low_pct": b["ci_low_pct"],
             "ci_high_pct": b["ci_high_pct"], "lowest_co2": verdict,

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from carbonrouter_lib import horizon_eval as he
+from carbonrouter_lib import replays
 
 
 def test_grid_runs_every_online_policy_and_the_variants_only_where_asked():
@@ -52,3 +53,31 @@ def test_verdicts_compare_with_the_best_other_online_policy():
     ci["carbon-affinity"] = (-4.0, -1.0)
     v = he.verdicts(_table(co2, ci, season="summer")).iloc[0]
     assert v["lowest_co2"] == "fails" and v["held_out"]
+
+
+def test_scale_grid_runs_every_online_policy_at_every_scale_and_memory_rule():
+    runs = he.scale_grid("reproduce", max_conversations=30)
+    (ds, copies, memories), = he.SCALE_GRIDS["reproduce"]
+    per = runs.groupby(list(he.SCALE_BY))["policy"].agg(list)
+    assert len(per) == len(copies) * len(memories)
+    assert all(p == [*he.ONLINE, he.TARGET] for p in per)
+    assert runs["key"].is_unique and set(runs["dataset"]) == {ds}
+    # copies are session-start rates over the tuned window, summary runs
+    one, eight = (runs[(runs.copies == c) & (runs.memory == "paper")]["spec"].iloc[0]
+                  .workload_config() for c in (1.0, 8.0))
+    assert eight.sessions_per_s == pytest.approx(8 * one.sessions_per_s)
+    assert one.arrival.window_start == pd.Timestamp(replays.SEASONS[he.TUNED["season"]], tz="UTC")
+    with pytest.raises(KeyError, match="unknown scale grid"):
+        he.scale_grid("huge")
+
+
+def test_scale_verdicts_group_by_scale():
+    co2 = {"session-affinity": 1.0, "carbon-affinity": 0.80, "gar": 1.1, "faircarbon": 0.9,
+           "carbonrouter-no-gate": 0.85, "carbonrouter": 0.84, he.TARGET: 0.82}
+    rows = []
+    for copies, lo in ((1.0, 1.0), (16.0, -3.0)):
+        t = _table(co2, {p: (lo, lo + 2.0) for p in co2}).drop(columns=["season", "held_out"])
+        rows.append(t.assign(copies=copies, peak_sessions=40.0 * copies))
+    v = he.verdicts(pd.concat(rows), by=he.SCALE_BY)
+    assert list(v["copies"]) == [1.0, 16.0] and list(v["peak_sessions"]) == [40.0, 640.0]
+    assert list(v["lowest_co2"]) == ["holds", "fails"] and v["held_out"].all()
