@@ -67,19 +67,20 @@ __all__ = [
 #: relative to the unscaled replay), doubling. ShareGPT: P = 40 at 1 copy … 2,880 at 128.
 #: :func:`convergence` steps along these doublings only.
 LADDER: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
-#: Scales past the ladder: 136 copies takes ShareGPT past P = 3,000 (3,060); shown with the
-#: ladder, left out of its doubling steps.
-BEYOND: tuple[int, ...] = (136,)
-#: Peak memory of one run per replayed query, bytes: 3.61 GiB for the 2.0M queries of 32
-#: ShareGPT copies (preparation, compiled replay, records and summary), rounded up. Used by
-#: :func:`run_grid` to run the largest runs one at a time.
-BYTES_PER_QUERY: int = 2_000
+#: Scales past the ladder: 136 copies takes ShareGPT past P = 3,000 (3,066); 256, 512 and 1,700
+#: copies take the Mooncake trace (1.5 turns per session) to P = 514, 986 and 3,090. Shown with
+#: the ladder, left out of its doubling steps.
+BEYOND: tuple[int, ...] = (136, 256, 512, 1700)
+#: Peak memory of one run per replayed query, bytes: 16.0 GiB for the 20.5M queries of 1,700
+#: Mooncake copies (the table, the compiled replay, records and summary; 2.85 GiB for 3.1M
+#: queries), rounded up. Used by :func:`run_grid` to run the largest runs one at a time.
+BYTES_PER_QUERY: int = 1_000
 
 #: The grids of notebook 04b: (dataset, region sets, copies, memory rules) blocks, every policy of
 #: :data:`SCALE_POLICIES` in each. "full" is the study as run (ShareGPT in both region sets to
-#: P = 3,066 under all three memory rules; the Mooncake trace to P = 986, 512 copies, in the paper's
-#: regions, where 256 and 512 copies lie beyond :data:`LADDER`'s convergence steps, and to P = 150
-#: in the other set; its tables in ``docs/evidence/``); "reproduce" the part
+#: P = 3,066 under all three memory rules; the Mooncake trace to P = 3,090, 1,700 copies and
+#: 20.5M queries, in both region sets, its steps past 128 copies beyond :data:`LADDER`'s
+#: convergence steps; its tables in ``docs/evidence/``); "reproduce" the part
 #: `make reproduce` affords
 #: (ShareGPT to P ≈ 220 under two memory rules and to P ≈ 400 under the paper's, the Mooncake
 #: trace to P ≈ 150; the other region set at both ends).
@@ -87,9 +88,9 @@ GRIDS: dict[str, tuple[tuple[str, tuple[str, ...], tuple[float, ...], tuple[str,
     "full": (
         ("sharegpt", ("paper", "em-only"), (1, 2, 4, 8, 16, 32, 64, 128, 136),
          ("paper", "paper x10", "hardware")),
-        ("mooncake", ("paper",), (1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+        ("mooncake", ("paper",), (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1700),
          ("paper", "paper x10", "hardware")),
-        ("mooncake", ("em-only",), (1, 16, 64), ("paper", "paper x10", "hardware")),
+        ("mooncake", ("em-only",), (1, 16, 64, 1700), ("paper", "paper x10", "hardware")),
     ),
     "reproduce": (
         ("sharegpt", ("paper",), (1, 2, 4, 8), ("paper", "hardware")),
@@ -236,7 +237,7 @@ def run_grid(runs: pd.DataFrame, workloads: Mapping[str, prepared.WorkloadConfig
     A run's peak memory is estimated as its queries (copies × the unscaled table's) times
     :data:`BYTES_PER_QUERY`; runs above ``memory_gib`` / workers (default: 80% of this
     machine's memory; workers: ``n_workers`` or the cores) run serially in this process after
-    the others, so that a 24-GiB, 2-core machine replays 8M-query runs without running out of
+    the others, so that a 24-GiB, 2-core machine replays 20M-query runs without running out of
     memory. Returns the results of every run (``n_cached``, ``n_computed`` and ``wall_s``
     summed over both parts)."""
     if memory_gib is None:

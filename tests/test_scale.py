@@ -81,8 +81,9 @@ def test_run_grid_runs_the_largest_runs_one_at_a_time(monkeypatch):
 
     monkeypatch.setattr(scale.sweep, "run_sweep", fake_sweep)
     monkeypatch.setattr(scale.prepared, "prepare_workload", lambda w: range(100_000))
-    # 100K queries per copy × 2 kB: 0.19 GiB at 1 copy, 12 GiB at 64; 16 GiB on 2 workers
-    res = scale.run_grid(grid, {"sharegpt": wl}, n_workers=2, memory_gib=16)
+    # 100K queries per copy × 1 kB: 0.09 GiB at 1 copy, 6 GiB at 64; 8 GiB on 2 workers
+    assert scale.BYTES_PER_QUERY == 1_000
+    res = scale.run_grid(grid, {"sharegpt": wl}, n_workers=2, memory_gib=8)
     small, big = grid[grid.copies == 1]["key"].tolist(), grid[grid.copies == 64]["key"].tolist()
     assert calls == [(small, False), (big, True)]
     assert set(res) == set(grid["key"]) and res.n_computed == 2
@@ -192,6 +193,9 @@ def test_the_library_default_follows_from_the_committed_study():
     # Mooncake trace's own rate
     assert chosen.loc["sharegpt", "stable_peak"] > mooncake_peak
     assert chosen.loc["sharegpt", "largest_peak"] >= 3000  # the ladder reaches past P = 3,000
+    # …for both workloads in both region sets, under every memory rule
+    reach = table.groupby(["dataset", "region_set", "memory"])["peak_sessions"].max()
+    assert len(reach) == 12 and (reach >= 3000).all(), reach[reach < 3000]
     # the study is the grid it says it is: every run of GRIDS["full"], every policy
     runs = table.groupby(["dataset", "region_set", "memory"])["copies"].agg(set)
     for ds, region_sets, copies, memories in scale.GRIDS["full"]:
