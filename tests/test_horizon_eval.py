@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -81,3 +82,36 @@ def test_scale_verdicts_group_by_scale():
     v = he.verdicts(pd.concat(rows), by=he.SCALE_BY)
     assert list(v["copies"]) == [1.0, 16.0] and list(v["peak_sessions"]) == [40.0, 640.0]
     assert list(v["lowest_co2"]) == ["holds", "fails"] and v["held_out"].all()
+
+
+EVIDENCE = Path(__file__).resolve().parents[1] / "docs" / "evidence"
+
+
+def test_the_committed_full_grid_and_the_readme_agree():
+    # notebook 09's full grid as run (docs/evidence): its verdicts follow from its table, it
+    # holds every setting of GRIDS["full"], and the README's horizon table and counts are its.
+    t = pd.read_csv(EVIDENCE / "horizon_full_table.csv")
+    v = pd.read_csv(EVIDENCE / "horizon_full_verdicts.csv")
+    pd.testing.assert_frame_equal(he.verdicts(t).reset_index(drop=True), v, check_dtype=False)
+    settings, _ = he.grid_settings("full")
+    assert sorted(map(tuple, v[list(he.SETTING)].to_numpy().tolist())) == sorted(
+        tuple(st[k] for k in he.SETTING) for st in settings)
+    counts = v["lowest_co2"].value_counts()
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert (f"it has the lowest CO2 in {counts['holds']},\n  ties in {counts['tie']} and loses in "
+            f"{counts['fails']}") in readme
+    short = {"carbon-affinity": "CA", "carbonrouter-no-gate": "CR w/o gate"}
+    for _, r in v.iterrows():
+        row = [line for line in readme.splitlines() if line.startswith(
+            f"| {r.dataset}, {r.region_set}, "
+            f"{'10× K·C̄' if r.memory == 'paper x10' else 'paper'}, {r.season}")]
+        if not row:
+            continue  # the README shows the extended grid's 7 of the 32
+        cells = row[0].split("|")
+        assert f"{short[r.best_other]}: {r.saving_vs_best_pct:+.1f}".replace("-", "−") in cells[3]
+        assert cells[4].strip() == r.lowest_co2
+        g = t[(t[list(he.SETTING)] == r[list(he.SETTING)].to_numpy()).all(axis=1)].set_index(
+            "policy")
+        want = " / ".join(f"{g.loc[p, 'co2_rel']:.3f}" for p in (
+            "carbon-affinity", "carbonrouter-no-gate", "carbonrouter", he.TARGET))
+        assert cells[2].strip() == want
