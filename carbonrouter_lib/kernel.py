@@ -540,9 +540,8 @@ def _replay(
     inf = math.inf
 
     # backend state
-    # (per-row arrays of indices, deployments and versions are int32: a replay has fewer
-    # than 2**31 rows, see replay(), and at service scale these arrays are most of the loop's
-    # memory)
+    # (per-row arrays of indices, deployments and versions are int32: replay() admits fewer
+    # than 2**30 rows, and at service scale these arrays are most of the loop's memory)
     rec_of = np.full((n_sessions, nd), -1, np.int32)
     rec_s = np.empty(n + 1, np.int32)
     rec_a = np.empty(n + 1, np.int32)
