@@ -473,7 +473,8 @@ def _parse_statistic(statistic: Statistic) -> tuple[str, float]:
 
 
 def _weighted_quantile(
-    sorted_values: np.ndarray, sorted_codes: np.ndarray, counts: np.ndarray, q: float
+    sorted_values: np.ndarray, sorted_codes: np.ndarray, counts: np.ndarray, q: float,
+    per_session: np.ndarray | None = None,
 ) -> np.ndarray:
     """Inverted-CDF q-quantile of ``sorted_values`` under each row of session weights ``counts``.
 
@@ -485,9 +486,11 @@ def _weighted_quantile(
     Why from the top: the weight strictly above position i is T − W_i, and W_i < m ⇔ T − W_i >
     T − m, so the quantile's position is the lowest i whose weight above is at most T − m. A
     scan down from the largest value finds it after the top (1 − q) of the weight, without the
-    cumulative sums of every value.
+    cumulative sums of every value. ``per_session``: values per session
+    (``np.bincount(sorted_codes)``), when the caller has it.
     """
-    per_session = np.bincount(sorted_codes, minlength=counts.shape[1])
+    if per_session is None:
+        per_session = np.bincount(sorted_codes, minlength=counts.shape[1])
     total = counts @ per_session
     above = total - np.ceil(q * total)  # weight that may lie strictly above the quantile
     out = np.full(len(counts), np.nan)
@@ -545,13 +548,15 @@ class _SessionStatistic:
             self.counts = np.bincount(codes, minlength=n).astype(np.float64)
         else:
             order = np.argsort(values, kind="stable")
-            self.sorted_values = values[order]
-            self.sorted_codes = codes[order]
+            self.sorted_values = np.ascontiguousarray(values[order])
+            self.sorted_codes = np.ascontiguousarray(codes[order], dtype=np.int64)
+            self.per_session = np.bincount(self.sorted_codes, minlength=n)
 
     @property
     def width(self) -> int:
-        """Columns of the per-chunk work matrix (sets the chunk size)."""
-        return len(self.sorted_codes) if self.kind == "quantile" else self.n
+        """Columns of the per-chunk work matrix (sets the chunk size): one per session, every
+        statistic (the quantile scans the sorted values in place)."""
+        return self.n
 
     def __call__(self, counts: np.ndarray) -> np.ndarray:
         """The statistic for each row of session multiplicities ``counts`` (draws × sessions)."""
@@ -560,7 +565,8 @@ class _SessionStatistic:
                 return counts @ self.sums
             if self.kind == "mean":
                 return (counts @ self.sums) / (counts @ self.counts)
-            return _weighted_quantile(self.sorted_values, self.sorted_codes, counts, self.q)
+            return _weighted_quantile(self.sorted_values, self.sorted_codes, counts, self.q,
+                                      self.per_session)
 
 
 def _session_index(records: pd.DataFrame) -> pd.Series:
@@ -600,10 +606,13 @@ def _aligned_sessions(
         raise ValueError(f"sessions must be one-dimensional, got shape {wanted.shape}")
     if len(wanted) == 0:
         raise ValueError("sessions is empty: nothing to compare")
-    uniq = np.unique(wanted)
-    if len(uniq) != len(wanted):
-        raise ValueError(f"sessions holds {len(wanted) - len(uniq)} duplicate id(s)")
-    absent = np.setdiff1d(uniq, ids)
+    # Sort-based: numpy 2.4's hash-based np.unique / setdiff1d cost ~70× a sort here.
+    uniq = np.sort(wanted)
+    if len(uniq) > 1 and not (uniq[1:] != uniq[:-1]).all():
+        n_dup = int((uniq[1:] == uniq[:-1]).sum())
+        raise ValueError(f"sessions holds {n_dup} duplicate id(s)")
+    pos = np.minimum(np.searchsorted(ids, uniq), max(len(ids) - 1, 0))
+    absent = uniq[ids[pos] != uniq] if len(ids) else uniq
     if len(absent):
         raise ValueError(
             f"{len(absent)} requested session(s) are not in the records "

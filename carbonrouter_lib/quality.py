@@ -1117,6 +1117,7 @@ def score_turns(
     context_turns: int = 1,
     batch_size: int = 4096,
     progress: bool = False,
+    n_jobs: int | None = None,
 ) -> np.ndarray:
     """Q(m) of every row of a turn table, from its user_text and recent context
     (``docs/model.md`` §8).
@@ -1134,6 +1135,10 @@ def score_turns(
         Rows per predictor call (bounds memory).
     progress
         Show a tqdm bar.
+    n_jobs
+        Processes scoring the batches (default: the CPUs this process may use, at most one per
+        batch; one inside a daemonic process such as a Dask worker). Each batch is scored
+        alone, as in one process, so the result does not depend on ``n_jobs``.
 
     Returns
     -------
@@ -1146,12 +1151,41 @@ def score_turns(
     contexts, _ = turn_contexts(turns_df, context_turns)
     queries = _as_texts(turns_df["user_text"].tolist(), None, "user_text")
     out = np.zeros((len(queries), len(predictor.models)))
-    starts = range(0, len(queries), batch_size)
+    if n_jobs is not None and n_jobs < 1:
+        raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
+    starts = list(range(0, len(queries), batch_size))
+    if n_jobs is None:
+        import multiprocessing
+
+        from joblib import cpu_count  # the CPUs this process may use (affinity, cgroup quota)
+
+        # A daemonic process (a Dask worker, one per core already) may not start children.
+        n_jobs = 1 if multiprocessing.current_process().daemon else cpu_count()
+    jobs = min(len(starts), n_jobs)
+    batches = [(queries[s : s + batch_size],
+                contexts[s : s + batch_size] if context_turns else None) for s in starts]
+    if jobs > 1:
+        # The TF-IDF analyzers are pure Python: batches go to worker processes (joblib's loky,
+        # scikit-learn's own), the predictor pickled once per worker chunk.
+        from joblib import Parallel, delayed
+
+        chunks = [list(range(len(starts)))[i::jobs] for i in range(jobs)]
+        parts = Parallel(n_jobs=jobs, backend="loky")(
+            delayed(_score_batches)(predictor, [batches[i] for i in chunk]) for chunk in chunks)
+        for chunk, part in zip(chunks, parts, strict=True):
+            for i, q in zip(chunk, part, strict=True):
+                out[starts[i] : starts[i] + batch_size] = q
+        return out
     if progress:
         from tqdm import tqdm
 
-        starts = tqdm(starts, desc="quality", unit="batch")
-    for s in starts:
-        e = s + batch_size
-        out[s:e] = predictor.predict(queries[s:e], contexts[s:e] if context_turns else None)
+        batches = tqdm(batches, desc="quality", unit="batch")
+    for s, (q, c) in zip(starts, batches, strict=True):
+        out[s : s + batch_size] = predictor.predict(q, c)
     return out
+
+
+def _score_batches(predictor: QualityPredictor,
+                   batches: list[tuple[list[str], list[str] | None]]) -> list[np.ndarray]:
+    return [predictor.predict(q, c) for q, c in batches]
+

@@ -286,6 +286,18 @@ def test_saving_point_estimate_ci_and_determinism():
     )
 
 
+def test_quantile_draws_do_not_depend_on_chunking():
+    # A quantile involves no summation: any chunking gives the same draws bit for bit (one row
+    # at a time, or all at once).
+    a, b = _pair(120, seed=3)
+    b = b.assign(ttft_s=b["ttft_s"] * 1.3)
+    kw = dict(metric="ttft_s", statistic="p95", n_boot=300, seed=4)
+    one_row = paired_change_ci(a, b, chunk_elements=1, **kw)
+    for chunk in (1000, 1 << 22):
+        np.testing.assert_array_equal(paired_change_ci(a, b, chunk_elements=chunk, **kw).draws,
+                                      one_row.draws)
+
+
 def test_draws_match_a_slow_reference():
     # Same documented draws (Generator.integers, one row per draw), statistics by plain code.
     a, b = _pair(40, seed=2)
@@ -386,8 +398,11 @@ def test_mismatched_sessions_are_clear_errors():
         paired_saving_ci(a, b.drop(index=b.index[b["session"] == 3][-1:]))
     with pytest.raises(ValueError, match="not in the records"):
         paired_saving_ci(a, b, sessions=[1, 99])
-    with pytest.raises(ValueError, match="duplicate"):
-        paired_saving_ci(a, b, sessions=[1, 1])
+    with pytest.raises(ValueError, match="2 duplicate id"):
+        paired_saving_ci(a, b, sessions=[1, 5, 1, 5, 2])
+    with pytest.raises(ValueError, match=r"2 requested session\(s\) are not in the records "
+                                         r"\(e.g. \[-1, 99\]"):
+        paired_saving_ci(a, b, sessions=[99, 1, -1])
     with pytest.raises(ValueError, match="undefined"):
         paired_saving_ci(a, b.assign(carbon_g=0.0, energy_kwh=0.0))
     with pytest.raises(ValueError, match="statistic"):

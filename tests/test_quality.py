@@ -314,6 +314,18 @@ def test_score_turns_uses_context_and_batches(predictor):
                           predictor.predict(df["user_text"].tolist()))
 
 
+def test_score_turns_in_processes_equals_one_process(predictor):
+    """Batches scored by two worker processes give exactly the one-process result, rows in
+    place (the chunks interleave the batches)."""
+    base = _turns()
+    df = pd.concat([base.assign(conversation_id=f"{i}-" + base["conversation_id"].astype(str))
+                    for i in range(5)], ignore_index=True)
+    one = score_turns(df, predictor, context_turns=1, batch_size=3, n_jobs=1)
+    assert np.array_equal(score_turns(df, predictor, context_turns=1, batch_size=3, n_jobs=2), one)
+    with pytest.raises(ValueError, match="n_jobs"):
+        score_turns(df, predictor, n_jobs=0)
+
+
 def test_sharegpt_ordering_sanity(predictor):
     """docs/model.md §8 (sanity requirement): mean predicted quality orders Llama-3.1-70B highest
     and Gemma-3-1B lowest."""
