@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] in ((3, 11), (3, 12)), \
 	  f"Python 3.11 or 3.12 needed (PYTHON=$(PYTHON) is {sys.version.split()[0]}); set PYTHON=..."'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-compile --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 
