@@ -28,7 +28,7 @@ from carbonrouter_lib.sweep import RunSpec
 
 __all__ = ["TARGET", "ONLINE", "VARIANTS", "NOISE", "TUNED", "SETTING", "GRIDS", "SCALE_GRIDS",
            "SCALE_BY", "setting", "grid", "grid_settings", "scale_grid", "table", "scale_table",
-           "verdicts", "variants_table"]
+           "verdicts", "variants_table", "bound_shares"]
 
 #: The router evaluated (registry name; its defaults).
 TARGET = "carbonrouter-horizon"
@@ -216,6 +216,44 @@ def verdicts(t: pd.DataFrame, by: Sequence[str] = SETTING) -> pd.DataFrame:
             if "carbonrouter" in g.index else np.nan,
             "quality_rel": me["quality_rel"],
         })
+    return pd.DataFrame(rows)
+
+
+def bound_shares(results: Mapping[str, Any], runs: pd.DataFrame, peak: int | str | None = None,
+                 seed: int = 0, max_conversations: int | None = None,
+                 policies: Sequence[str] = (*ONLINE, TARGET)) -> pd.DataFrame:
+    """Per setting of ``runs`` (:func:`grid`), the clairvoyant bound
+    (:func:`carbonrouter_lib.bound.ensure_bound`, computed and cached per setting, ≈ 15–30 s each
+    at P = 350) and each policy's share of the saving it says is possible over Session-Affinity:
+    (SA − policy) / (SA − bound), from the runs' total CO2 (kg).
+
+    This is :func:`carbonrouter_lib.bound.bound_comparison`'s share when no policy of the
+    setting rejected a query; that function leaves out the sessions with a capacity rejection
+    (the bound serves every query), which needs the records. ``rejected_share`` is the largest
+    share of rejected queries among the setting's policies, so a reader sees where the two
+    could differ. Columns: the :data:`SETTING` keys, ``policy``, ``co2_kg``, ``bound_kg``,
+    ``session_affinity_kg``, ``bound_rel`` (bound / SA), ``share_of_possible_saving``,
+    ``rejected_share``, ``held_out``."""
+    from carbonrouter_lib import bound
+
+    rows = []
+    for st, g in runs.groupby(list(SETTING), sort=False):
+        st = dict(zip(SETTING, st, strict=True))
+        g = g.set_index("policy")
+        missing = [p for p in ("session-affinity", *policies) if p not in g.index]
+        if missing:
+            raise KeyError(f"bound_shares: setting {st} has no runs of {missing}")
+        co2 = {p: float(results[g.loc[p, "key"]].summary["total_co2_kg"]) for p in policies}
+        sa = float(results[g.loc["session-affinity", "key"]].summary["total_co2_kg"])
+        rejected = max(float(results[g.loc[p, "key"]].summary["share_rejected"])
+                       for p in ("session-affinity", *policies))
+        b = bound.ensure_bound(*setting(st, peak, seed, max_conversations))
+        b_kg = float(b["carbon_g"].sum()) / 1e3
+        tuned = all(st[k] == v for k, v in TUNED.items())
+        rows += [st | {"policy": p, "co2_kg": co2[p], "bound_kg": b_kg, "session_affinity_kg": sa,
+                       "bound_rel": b_kg / sa, "share_of_possible_saving": (sa - co2[p]) /
+                       (sa - b_kg), "rejected_share": rejected, "held_out": not tuned}
+                 for p in policies]
     return pd.DataFrame(rows)
 
 

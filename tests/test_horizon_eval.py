@@ -115,3 +115,42 @@ def test_the_committed_full_grid_and_the_readme_agree():
         want = " / ".join(f"{g.loc[p, 'co2_rel']:.3f}" for p in (
             "carbon-affinity", "carbonrouter-no-gate", "carbonrouter", he.TARGET))
         assert cells[2].strip() == want
+
+
+def test_bound_shares_are_the_bound_comparison_of_the_records(tmp_path):
+    """Without rejections, the share of the possible saving from the runs' totals is exactly
+    what bound.bound_comparison computes from the records, for every policy."""
+    from carbonrouter_lib import bound, sweep
+
+    st = dict(he.TUNED)
+    runs = he.grid([st], peak="unscaled", max_conversations=40)
+    results = sweep.run_sweep(list(runs["spec"]), cache_dir=tmp_path, serial=True, progress=False)
+    shares = he.bound_shares(results, runs, peak="unscaled", max_conversations=40)
+    assert list(shares["policy"]) == [*he.ONLINE, he.TARGET]
+    assert (shares["rejected_share"] == 0).all() and not shares["held_out"].any()
+    wcfg, scfg = he.setting(st, "unscaled", max_conversations=40)
+    records = sweep.run_named({p: sweep.RunSpec.make(wcfg, scfg, p) for p in shares["policy"]},
+                              cache_dir=tmp_path, serial=True, progress=False)
+    cmp = bound.bound_comparison(records, bound.ensure_bound(wcfg, scfg)).set_index("policy")
+    got = shares.set_index("policy")
+    assert got["share_of_possible_saving"].to_numpy() == pytest.approx(
+        cmp.loc[got.index, "share_of_possible_saving"].to_numpy(), rel=1e-9)
+    assert got.loc["session-affinity", "share_of_possible_saving"] == 0.0
+    assert (got["bound_kg"] < got["co2_kg"]).all()  # the bound is below every online policy
+    with pytest.raises(KeyError, match="has no runs of"):
+        he.bound_shares(results, runs[runs.policy != "gar"], peak="unscaled", max_conversations=40)
+
+
+def test_the_committed_bound_shares_follow_from_the_full_grid():
+    # docs/evidence/horizon_full_bound.csv (he.bound_shares over the full grid's runs): the CO2 is
+    # the table's, the share is (SA − policy) / (SA − bound), the bound is below every policy.
+    b = pd.read_csv(EVIDENCE / "horizon_full_bound.csv")
+    t = pd.read_csv(EVIDENCE / "horizon_full_table.csv")
+    m = b.merge(t[[*he.SETTING, "policy", "total_co2_kg"]], on=[*he.SETTING, "policy"])
+    assert len(m) == len(b) == 32 * (len(he.ONLINE) + 1)
+    assert m["co2_kg"].to_numpy() == pytest.approx(m["total_co2_kg"].to_numpy(), rel=1e-12)
+    sa = m["session_affinity_kg"]
+    assert m["share_of_possible_saving"].to_numpy() == pytest.approx(
+        ((sa - m["co2_kg"]) / (sa - m["bound_kg"])).to_numpy(), rel=1e-12)
+    assert (m["bound_kg"] < m["co2_kg"]).all() and (m["rejected_share"] < 1e-3).all()
+    assert b.loc[~b["held_out"], [*he.SETTING]].drop_duplicates().to_dict("records") == [he.TUNED]
