@@ -446,6 +446,13 @@ def capacity_rejected_sessions(records: pd.DataFrame, bound: pd.DataFrame) -> np
     return np.unique(merged.loc[bad, "session"].to_numpy())
 
 
+def share_of_possible_saving(reference: float, policy: float, bound: float) -> float:
+    """(reference − policy) / (reference − bound): the share of the saving the bound says is
+    possible over the reference that the policy captures (the three in one unit, e.g. kg CO2);
+    NaN when the bound is not below the reference."""
+    return (reference - policy) / (reference - bound) if reference > bound else math.nan
+
+
 def bound_comparison(
     records: Mapping[str, pd.DataFrame], bound: pd.DataFrame,
     reference: str = "session-affinity", thresholds: Sequence[int] = (),
@@ -477,8 +484,7 @@ def bound_comparison(
             rows.append({"group": label, "policy": p, "co2_kg": c / 1e3,
                          "co2_rel": c / ref if ref > 0 else np.nan,
                          "bound_rel": lo / ref if ref > 0 else np.nan,
-                         "share_of_possible_saving": (ref - c) / (ref - lo) if ref > lo
-                         else np.nan,
+                         "share_of_possible_saving": share_of_possible_saving(ref, c, lo),
                          "gap_to_bound_pct": 100 * (c / lo - 1) if lo > 0 else np.nan,
                          "n_sessions": int(keep.sum()),
                          "n_sessions_excluded": int(((n_turns > t)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import prepared, replays, scale
+from carbonrouter_lib import bound, prepared, replays, scale
 from carbonrouter_lib.replays import SEASONS
 from carbonrouter_lib.sweep import RunSpec
 
@@ -234,8 +234,6 @@ def bound_shares(results: Mapping[str, Any], runs: pd.DataFrame, peak: int | str
     could differ. Columns: the :data:`SETTING` keys, ``policy``, ``co2_kg``, ``bound_kg``,
     ``session_affinity_kg``, ``bound_rel`` (bound / SA), ``share_of_possible_saving``,
     ``rejected_share``, ``held_out``."""
-    from carbonrouter_lib import bound
-
     rows = []
     for st, g in runs.groupby(list(SETTING), sort=False):
         st = dict(zip(SETTING, st, strict=True))
@@ -251,8 +249,9 @@ def bound_shares(results: Mapping[str, Any], runs: pd.DataFrame, peak: int | str
         b_kg = float(b["carbon_g"].sum()) / 1e3
         tuned = all(st[k] == v for k, v in TUNED.items())
         rows += [st | {"policy": p, "co2_kg": co2[p], "bound_kg": b_kg, "session_affinity_kg": sa,
-                       "bound_rel": b_kg / sa, "share_of_possible_saving": (sa - co2[p]) /
-                       (sa - b_kg), "rejected_share": rejected, "held_out": not tuned}
+                       "bound_rel": b_kg / sa,
+                       "share_of_possible_saving": bound.share_of_possible_saving(sa, co2[p], b_kg),
+                       "rejected_share": rejected, "held_out": not tuned}
                  for p in policies]
     return pd.DataFrame(rows)
 

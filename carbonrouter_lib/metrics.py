@@ -608,8 +608,8 @@ def _aligned_sessions(
         raise ValueError("sessions is empty: nothing to compare")
     # Sort-based: numpy 2.4's hash-based np.unique / setdiff1d cost ~70× a sort here.
     uniq = np.sort(wanted)
-    if len(uniq) > 1 and not (uniq[1:] != uniq[:-1]).all():
-        n_dup = int((uniq[1:] == uniq[:-1]).sum())
+    n_dup = int((uniq[1:] == uniq[:-1]).sum())
+    if n_dup:
         raise ValueError(f"sessions holds {n_dup} duplicate id(s)")
     pos = np.minimum(np.searchsorted(ids, uniq), max(len(ids) - 1, 0))
     absent = uniq[ids[pos] != uniq] if len(ids) else uniq

@@ -359,3 +359,12 @@ def test_compiled_bound_equals_the_per_session_reference(case, max_tracked):
     got = clairvoyant_bound(table, CONFIG, signal, max_tracked=max_tracked)
     want = _reference_bound(table, CONFIG, signal, max_tracked)
     pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
+def test_share_of_possible_saving():
+    from carbonrouter_lib.bound import share_of_possible_saving
+
+    assert share_of_possible_saving(10.0, 7.0, 4.0) == 0.5
+    assert share_of_possible_saving(10.0, 4.0, 4.0) == 1.0
+    assert share_of_possible_saving(10.0, 12.0, 4.0) == -1 / 3
+    assert math.isnan(share_of_possible_saving(4.0, 3.0, 4.0))
