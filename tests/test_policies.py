@@ -424,6 +424,41 @@ def test_gar_memoized_draws_equal_the_per_session_draws():
         p.draw_regions(np.array([3, -1]), 4)
 
 
+def test_gar_draws_are_kept_in_the_disk_cache_for_the_next_process(tmp_path, monkeypatch):
+    # A fresh process (another sweep's worker) reads the draws another process saved, instead of
+    # drawing again; what it reads is draw_region's, and ids it has not seen are drawn as usual.
+    from carbonrouter_lib.policies import oblivious
+
+    monkeypatch.setenv("CARBONROUTER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(oblivious, "_DRAWS", {})
+    monkeypatch.setattr(oblivious, "_SAVE_FROM", 500)
+    p = GARDagger(seed=5)
+    ids = np.arange(0, 1_200, 2)
+    want = p.draw_regions(ids, 4).tolist()
+    assert want == [p.draw_region(int(s), 4) for s in ids]
+    monkeypatch.setattr(oblivious, "_DRAWS", {})  # "the next process"
+    drawn = []
+    real_rng = np.random.default_rng
+
+    def counting(seed_seq):
+        drawn.append(seed_seq[1])
+        return real_rng(seed_seq)
+
+    monkeypatch.setattr(np.random, "default_rng", counting)
+    assert GARDagger(seed=5).draw_regions(ids, 4).tolist() == want
+    assert drawn == []  # all from the disk cache
+    more = np.array([1, 3, 1_198, 1_500])
+    want_more = [p.draw_region(int(s), 4) for s in more]
+    drawn.clear()
+    assert GARDagger(seed=5).draw_regions(more, 4).tolist() == want_more
+    assert sorted(drawn) == [1, 3, 1_500]
+    # another seed or region count has its own draws
+    want6 = [GARDagger(seed=6).draw_region(int(s), 4) for s in ids[:10]]
+    drawn.clear()
+    assert GARDagger(seed=6).draw_regions(ids[:10], 4).tolist() == want6
+    assert len(drawn) == 10
+
+
 def test_gar_full_home_region_goes_to_the_region_with_most_free_slots():
     p = GARDagger(seed=3)
     s = 11

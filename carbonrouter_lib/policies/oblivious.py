@@ -36,6 +36,9 @@ class FairCarbon(Policy):
 #: yet), for ids below _MEMO_IDS (one byte each).
 _DRAWS: dict[tuple[int, int], np.ndarray] = {}
 _MEMO_IDS = 1 << 28
+#: Fresh draws from which the memo is also saved to the disk cache (each costs ~20 µs; below
+#: this, reading and writing the entry would cost more than drawing again).
+_SAVE_FROM = 20_000
 
 
 class GARDagger(Policy):
@@ -100,9 +103,10 @@ class GARDagger(Policy):
     def draw_regions(self, sessions: np.ndarray, n_regions: int) -> np.ndarray:
         """:meth:`draw_region` of every session in ``sessions`` (int64). A draw costs about
         20 µs (a generator seeded per session), and a service-scale replay has millions of
-        sessions; the draws never change, so this process keeps those of ids below
-        :data:`_MEMO_IDS` and every later run of the workload (another setting, memory rule or
-        region set with as many regions) reuses them."""
+        sessions; the draws never change, so they are kept for ids below :data:`_MEMO_IDS`: in
+        this process (every later run of the workload — another setting, memory rule or region
+        set with as many regions — reuses them) and in the disk cache (:func:`_draws_entry`),
+        where the next process, e.g. another sweep's worker, finds them."""
         ids = np.asarray(sessions, dtype=np.int64)
         if ids.size and ids.min() < 0:
             raise ValueError(f"GARDagger needs session ids >= 0 to seed its draw, got "
@@ -111,14 +115,47 @@ class GARDagger(Policy):
             return np.array([self.draw_region(int(s), n_regions) for s in ids], np.int64)
         key = (self.seed, n_regions)
         known = _DRAWS.get(key, np.empty(0, np.int8))
+        if len(known) <= ids.max() or (known[ids] < 0).any():
+            stored = _load_draws(self.seed, n_regions)
+            if stored is not None and len(stored) > len(known):
+                head = stored[:len(known)]
+                stored[:len(known)] = np.where(known >= 0, known, head)
+                known = stored
         if len(known) <= ids.max():
             known = np.concatenate([known, np.full(int(ids.max()) + 1 - len(known), -1, np.int8)])
-            _DRAWS[key] = known
-        for s in np.unique(ids[known[ids] < 0]).tolist():
+        _DRAWS[key] = known
+        missing = np.unique(ids[known[ids] < 0]).tolist()
+        for s in missing:
             known[s] = self.draw_region(s, n_regions)
+        if len(missing) >= _SAVE_FROM:
+            _draws_entry(self.seed, n_regions).save(known)
         return known[ids].astype(np.int64)
 
     def compiled(self, info: kernel.ReplayInfo) -> dict | None:
         if type(self) is not GARDagger:
             return None
         return kernel.rule(self.name, home_draw=self.draw_regions(info.sessions, info.n_regions))
+
+
+def _draws_entry(seed: int, n_regions: int):
+    """The disk-cache entry of GAR†'s home draws for ``(seed, n_regions)``: an int8 array over
+    session ids (−1: not drawn yet). Its key holds numpy's version and the source of
+    :meth:`GARDagger.draw_region`, which define the draws."""
+    import inspect
+
+    from carbonrouter_lib import cache
+
+    params = {"seed": seed, "n_regions": n_regions, "numpy": np.__version__,
+              "draw": inspect.getsource(GARDagger.draw_region)}
+    return cache.entry("gar_draws", params, fmt="joblib")
+
+
+def _load_draws(seed: int, n_regions: int) -> np.ndarray | None:
+    """The draws stored by :func:`_draws_entry` (a writable copy), or None."""
+    hit = _draws_entry(seed, n_regions).load()
+    if hit is None:
+        return None
+    draws = np.asarray(hit[0])
+    if draws.dtype != np.int8 or draws.ndim != 1:
+        return None
+    return draws.copy()
