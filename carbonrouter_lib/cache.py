@@ -13,7 +13,8 @@ default ``<repo>/data/cache``); derived results under its ``derived/`` folder:
   (:mod:`.prepared`);
 - ``gates/gate-*``: learned switch gates (:mod:`.gate`); ``bounds/bound-*``: clairvoyant bounds
   (:mod:`.bound`); ``sweeps/run-*``: sweep results (:mod:`.sweep`; a sweep given its own
-  ``cache_dir`` keeps its results there and its gates in ``<cache_dir>/gates``).
+  ``cache_dir`` keeps its results there and its gates in ``<cache_dir>/gates``);
+- ``gar_draws-*``: GAR†'s home-region draws per session id (:mod:`.policies.oblivious`).
 
 (``cache_dir()`` itself also holds downloaded data files, checked against the data registry by
 :mod:`.datasets`, and ``wheels/``.) Deleting the folder, or any file in it, is always safe: what is

@@ -297,21 +297,10 @@ def explore(
     """
     t0 = time.perf_counter()
     specs = run_specs(settings)
-    runs: dict[str, metrics.RunSummary] = {}
     # A run whose records a notebook cached (e.g. 04's Table 1) is summarized, not replayed.
-    for policy, spec in specs.items():
-        full = dataclasses.replace(spec, output="records")
-        if not sweep.is_complete(spec, cache_dir) and sweep.is_complete(full, cache_dir):
-            records = sweep.run_sweep([full], cache_dir=cache_dir, progress=False)[full.key()]
-            runs[policy] = metrics.RunSummary.from_records(records)
-    n_from_records = len(runs)
-    pending = [s for p, s in specs.items() if p not in runs]
-    done = sweep.run_sweep(pending, cache_dir=cache_dir, serial=serial, client=client,
-                           n_workers=n_workers, progress=progress)
-    for policy, spec in specs.items():
-        if policy not in runs:
-            runs[policy] = done[spec.key()]
-    runs = {p: runs[p] for p in specs}  # in run_policies order: Table 1's row order
+    done = sweep.run_sweep(list(specs.values()), cache_dir=cache_dir, serial=serial,
+                           client=client, n_workers=n_workers, progress=progress)
+    runs = {p: done[s.key()] for p, s in specs.items()}  # in run_policies order
     any_spec = next(iter(specs.values()))
     wcfg, sim = any_spec.workload_config(), any_spec.simulation_config()
     table = experiments.table1(runs, n_boot=settings.n_boot, seed=settings.seed,
@@ -319,7 +308,7 @@ def explore(
     return Exploration(
         settings=settings, workload=wcfg, simulation=sim, scale=scale.describe(wcfg, sim),
         runs=runs, table1=table, mechanisms=experiments.mechanisms(runs),
-        n_cached=done.n_cached, n_from_records=n_from_records, n_computed=done.n_computed,
+        n_cached=done.n_cached, n_from_records=done.n_derived, n_computed=done.n_computed,
         wall_s=time.perf_counter() - t0,
     )
 

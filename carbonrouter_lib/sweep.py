@@ -17,6 +17,10 @@ entry of :mod:`carbonrouter_lib.cache`:
   truncated or modified file — is recomputed, with a warning for a broken file).
 - Each result is written as soon as it arrives, so an interrupted sweep resumes without redoing
   finished runs.
+- A summary is a function of its run's records: a spec with ``output="summary"`` whose records
+  twin (the same spec with ``output="records"``) is cached, or is computed in the same sweep, is
+  made from those records instead of being replayed again (the records' manifest keeps the
+  replay's scale and capacity for it).
 
 The parent process builds every prepared workload and carbon signal before submitting (both are
 parquet-cached in :func:`~.datasets.derived_dir`), so workers only read those caches; a worker
@@ -283,6 +287,13 @@ def run_one(spec: RunSpec, gate_dir: str | os.PathLike | None = None
     carbon signal from their parquet caches, and a learned gate from ``gate_dir`` (default
     :func:`carbonrouter_lib.gate.gate_path`'s, ``derived_dir()/gates``), training and storing it
     there first if it is missing."""
+    return _run(spec, gate_dir)[0]
+
+
+def _run(spec: RunSpec, gate_dir: str | os.PathLike | None = None
+         ) -> tuple[pd.DataFrame | metrics.RunSummary, dict[str, float]]:
+    """:func:`run_one`'s result and the replay's scale and capacity (:func:`_scale_of`), which
+    the cache keeps with the result so that a summary can later be made from cached records."""
     wl = spec.workload_config()
     sim = spec.simulation_config()
     table = _table(wl.key(), wl)
@@ -294,17 +305,28 @@ def run_one(spec: RunSpec, gate_dir: str | os.PathLike | None = None
     res = simulate(table, policy, sim, signal=signal, backend=capacity)
     records = res.records.reset_index(drop=True)
     records.attrs = {}
+    scale = _scale_of(table, sim, capacity)
     if spec.output == "summary":
-        summary = metrics.RunSummary.from_records(records)
-        # The scale and capacity of the replay, recorded with its metrics.
-        scale = prepared.scale_summary(table)
-        kv = (capacity.kv_tokens_per_pool * sim.deployments().n_pools
-              if capacity.kv_tokens_per_deployment is None
-              else sum(capacity.kv_tokens_per_deployment))
-        extra = pd.Series({**scale, "slots_per_pool": capacity.slots_per_pool,
-                           "kv_tokens_total": kv}, dtype=np.float64)
-        return metrics.RunSummary(pd.concat([summary.summary, extra]), summary.by_conversation)
-    return records
+        return _summary_of(records, scale), scale
+    return records, scale
+
+
+def _scale_of(table: pd.DataFrame, sim: SimulationConfig, capacity) -> dict[str, float]:
+    """The scale and capacity of a replay (recorded with its metrics): the workload's
+    :func:`~.prepared.scale_summary`, the slots per pool and the KV memory in all, tokens."""
+    kv = (capacity.kv_tokens_per_pool * sim.deployments().n_pools
+          if capacity.kv_tokens_per_deployment is None
+          else sum(capacity.kv_tokens_per_deployment))
+    return {**{k: float(v) for k, v in prepared.scale_summary(table).items()},
+            "slots_per_pool": float(capacity.slots_per_pool), "kv_tokens_total": float(kv)}
+
+
+def _summary_of(records: pd.DataFrame, scale: Mapping[str, float]) -> metrics.RunSummary:
+    """The :class:`~.metrics.RunSummary` of a run's records, its scale appended to the metrics
+    (what a spec with ``output="summary"`` returns)."""
+    summary = metrics.RunSummary.from_records(records)
+    extra = pd.Series(dict(scale), dtype=np.float64)
+    return metrics.RunSummary(pd.concat([summary.summary, extra]), summary.by_conversation)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,16 +350,33 @@ def is_complete(spec: RunSpec, cache_dir: str | os.PathLike | None = None) -> bo
     return _entry(cache_dir, spec).is_complete()
 
 
-def _write_result(cache_dir: Path, spec: RunSpec,
-                  result: pd.DataFrame | metrics.RunSummary) -> None:
-    meta = {}
+def _write_result(cache_dir: Path, spec: RunSpec, result: pd.DataFrame | metrics.RunSummary,
+                  scale: Mapping[str, float] | None = None) -> None:
+    meta: dict[str, Any] = {}
     if isinstance(result, metrics.RunSummary):
         table = result.by_conversation.reset_index()
         meta["summary"] = {k: float(v) for k, v in result.summary.items()}
     else:
         table = result
     meta["n_records"] = len(table)
+    if scale is not None:
+        meta["scale"] = dict(scale)
     _entry(cache_dir, spec).save(table, meta)
+
+
+def _records_twin(spec: RunSpec) -> RunSpec:
+    """The same run with ``output="records"``: a summary is a function of its records."""
+    return dataclasses.replace(spec, output="records")
+
+
+def _summary_from_cache(cache_dir: Path, spec: RunSpec) -> metrics.RunSummary | None:
+    """The summary of ``spec`` made from its records twin's cached records, or None if those
+    are not cached (or were cached without their scale, before it was recorded)."""
+    hit = _entry(cache_dir, _records_twin(spec)).load()
+    if hit is None or "scale" not in hit[1]:
+        return None
+    records, meta = hit
+    return _summary_of(records, meta["scale"])
 
 
 def _read_result(cache_dir: Path, spec: RunSpec) -> pd.DataFrame | metrics.RunSummary | None:
@@ -365,8 +404,9 @@ class SweepResults(dict):
     ----------
     specs
         ``{key: RunSpec}`` of every result.
-    n_cached, n_computed
-        Runs read from the cache and runs executed by this call.
+    n_cached, n_computed, n_derived
+        Runs read from the cache, runs executed by this call, and summaries made from the
+        records of the same run (cached, or computed by this call) instead of running again.
     wall_s
         Wall time of the call, s.
     """
@@ -374,6 +414,7 @@ class SweepResults(dict):
     specs: dict[str, RunSpec]
     n_cached: int = 0
     n_computed: int = 0
+    n_derived: int = 0
     wall_s: float = math.nan
 
 
@@ -467,47 +508,72 @@ def run_sweep(
     pending = []
     for k, spec in unique.items():
         result = _read_result(folder, spec)  # None: missing, or broken (then warned)
+        if result is None and spec.output == "summary":
+            result = _summary_from_cache(folder, spec)
+            if result is not None:
+                _write_result(folder, spec, result)
+                results.n_derived += 1
         if result is None:
             pending.append(spec)
         else:
             results[k] = result
-    results.n_cached = len(results)
+    results.n_cached = len(results) - results.n_derived
     if on_submit is not None:
         on_submit(list(pending))
+    # A summary whose records are computed in this sweep too is made from them, not rerun.
+    pending_keys = {s.key() for s in pending}
+    waiting: dict[str, list[RunSpec]] = {}
+    to_run = []
+    for spec in pending:
+        twin = _records_twin(spec).key()
+        if spec.output == "summary" and twin in pending_keys:
+            waiting.setdefault(twin, []).append(spec)
+        else:
+            to_run.append(spec)
 
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(unique), initial=results.n_cached, desc="sweep", unit="run",
+        bar = tqdm(total=len(unique), initial=len(results), desc="sweep", unit="run",
                    mininterval=2.0)
     failures: list[tuple[RunSpec, BaseException]] = []
 
-    def finish(spec: RunSpec, records: pd.DataFrame | metrics.RunSummary) -> None:
-        _write_result(folder, spec, records)
+    def finish(spec: RunSpec, result: pd.DataFrame | metrics.RunSummary,
+               scale: dict[str, float]) -> None:
+        _write_result(folder, spec, result, scale)
         results[spec.key()] = _read_result(folder, spec)  # what a resumed sweep would return
         results.n_computed += 1
         if bar is not None:
             bar.update(1)
+        for summary_spec in waiting.pop(spec.key(), []):
+            _write_result(folder, summary_spec, _summary_of(results[spec.key()], scale), scale)
+            results[summary_spec.key()] = _read_result(folder, summary_spec)
+            results.n_derived += 1
+            if bar is not None:
+                bar.update(1)
 
     try:
-        if pending:
-            _prepare_inputs(pending)
+        if to_run:
+            _prepare_inputs(to_run)
         # Gates live beside a custom result cache (so an empty cache means a full rerun),
         # else in the default gate folder, where notebooks find them with gate.ensure_gate.
         gate_dir = None if cache_dir is None else str(folder / "gates")
-        if pending and serial:
-            for spec in pending:
+        if to_run and serial:
+            for spec in to_run:
                 try:
-                    finish(spec, run_one(spec, gate_dir))
+                    finish(spec, *_run(spec, gate_dir))
                 except Exception as exc:  # noqa: BLE001 — collected, re-raised below
                     failures.append((spec, exc))
-        elif pending:
-            _run_distributed(pending, client, n_workers, connect_timeout, finish, failures,
+        elif to_run:
+            _run_distributed(to_run, client, n_workers, connect_timeout, finish, failures,
                              gate_dir)
     finally:
         if bar is not None:
             bar.close()
+    for key, specs_left in waiting.items():  # their records run failed
+        failures.extend((spec, RuntimeError(f"the records run {key[:16]}… it is made from "
+                                            f"failed")) for spec in specs_left)
     results.wall_s = time.perf_counter() - t0
     if failures:
         spec, exc = failures[0]
@@ -561,7 +627,7 @@ def _run_distributed(
         by_key = {s.key(): s for s in pending}
         # Explicit keys: the same run submitted twice (e.g. two notebooks on one cluster) is
         # computed once by the scheduler.
-        futures = client.map(run_one, pending, gate_dir=gate_dir,
+        futures = client.map(_run, pending, gate_dir=gate_dir,
                              key=[f"carbonrouter-run-{k}" for k in by_key])
         spec_of = {f.key: s for f, s in zip(futures, pending, strict=True)}
         for future in as_completed(futures):
@@ -569,7 +635,7 @@ def _run_distributed(
             if future.status == "error":
                 failures.append((spec, future.exception()))
             else:
-                finish(spec, future.result())
+                finish(spec, *future.result())
             future.release()
 
 

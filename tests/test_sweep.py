@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -257,6 +258,45 @@ def test_summary_runs_are_cached_and_equal_their_records(tmp_path):
     np.testing.assert_allclose(b.draws, a.draws, rtol=1e-10)
     with pytest.raises(ValueError, match="output"):
         RunSpec.make(WORKLOAD, SimulationConfig(), "faircarbon", output="everything")
+
+
+def test_a_summary_is_made_from_its_runs_records_not_replayed(tmp_path):
+    # A summary and the records of the same run: one replay. In one sweep the summary is made
+    # from the records computed there; in a later sweep from the cached records. Either way it
+    # is the summary a replay of its own returns (metrics, scale and per-conversation sums).
+    scaled = prepared.with_copies(WORKLOAD, 2)
+    sim = SimulationConfig(regions=("GB", "BE"))
+    summary = {p: RunSpec.make(scaled, sim, p, output="summary") for p in POLICIES}
+    records = {p: RunSpec.make(scaled, sim, p) for p in POLICIES}
+    alone = sweep.run_sweep(summary.values(), cache_dir=tmp_path / "alone", serial=True,
+                            progress=False)
+    both = sweep.run_sweep([*records.values(), *summary.values()], cache_dir=tmp_path / "both",
+                           serial=True, progress=False)
+    assert (both.n_computed, both.n_derived, both.n_cached) == (2, 2, 0)
+    first = sweep.run_sweep([records["faircarbon"]], cache_dir=tmp_path / "later", serial=True,
+                            progress=False)
+    later = sweep.run_sweep(summary.values(), cache_dir=tmp_path / "later", serial=True,
+                            progress=False)
+    assert first.n_computed == 1
+    assert (later.n_computed, later.n_derived, later.n_cached) == (1, 1, 0)
+    again = sweep.run_sweep(summary.values(), cache_dir=tmp_path / "later", serial=True,
+                            progress=False)
+    assert (again.n_computed, again.n_derived, again.n_cached) == (0, 0, 2)
+    for spec in summary.values():
+        want = alone[spec.key()]
+        for got in (both[spec.key()], later[spec.key()], again[spec.key()]):
+            pd.testing.assert_series_equal(got.summary, want.summary)
+            pd.testing.assert_frame_equal(got.by_conversation, want.by_conversation)
+    # a records run that fails takes the summary made from it down too, by name
+    def dies(spec, gate_dir=None):
+        raise OSError("worker died")
+
+    bad = RunSpec.make(scaled, SimulationConfig(regions=("GB", "BE"), ttl_s=1.0), "faircarbon")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(sweep, "_run", dies)
+        with pytest.raises(RuntimeError, match="2 of 2 runs failed.*worker died"):
+            sweep.run_sweep([bad, dataclasses.replace(bad, output="summary")],
+                            cache_dir=tmp_path / "bad", serial=True, progress=False)
 
 
 # --- inputs of one's own: a policy by import name, profiles and a signal by file -----------------
