@@ -260,6 +260,24 @@ def test_summary_runs_are_cached_and_equal_their_records(tmp_path):
         RunSpec.make(WORKLOAD, SimulationConfig(), "faircarbon", output="everything")
 
 
+def test_the_result_cache_round_trip_is_exact(tmp_path):
+    # run_sweep returns a computed result as it is, not as read back from its cache entry: the
+    # two must be the same frames, to the last bit and dtype (records and summaries).
+    spec = RunSpec.make(prepared.with_copies(WORKLOAD, 2), SimulationConfig(), "carbonrouter")
+    for s in (spec, dataclasses.replace(spec, output="summary")):
+        result, scale = sweep._run(s)
+        sweep._write_result(tmp_path, s, result, scale)
+        back = sweep._read_result(tmp_path, s)
+        if s.output == "records":
+            assert set(result.dtypes.astype(str)) >= {"int64", "float64", "bool", "str"}
+            pd.testing.assert_frame_equal(back, result, check_exact=True)
+            assert back.index.equals(result.index) and back.attrs == result.attrs == {}
+        else:
+            pd.testing.assert_series_equal(back.summary, result.summary, check_exact=True)
+            pd.testing.assert_frame_equal(back.by_conversation, result.by_conversation,
+                                          check_exact=True)
+
+
 def test_a_summary_is_made_from_its_runs_records_not_replayed(tmp_path):
     # A summary and the records of the same run: one replay. In one sweep the summary is made
     # from the records computed there; in a later sweep from the cached records. Either way it
