@@ -176,6 +176,7 @@ def _records(rec: dict[str, np.ndarray], table: pd.DataFrame, deps: Deployments,
     e_base = cost.energy_base_kwh(e_in, e_cache, e_out, n_new, n_hist, est[row, m])
     est_energy = np.where(served, cost.energy_from_base_kwh(e_base, e_in - e_cache, missed), 0.0)
     big = MODELS.index("Llama-3.1-70B")
+    # copy=False: one block per column instead of stacking them (a copy of every column)
     return pd.DataFrame({
         "session": table["session"].to_numpy(np.int64)[row],
         "turn": table["turn"].to_numpy(np.int64)[row],
@@ -192,7 +193,7 @@ def _records(rec: dict[str, np.ndarray], table: pd.DataFrame, deps: Deployments,
         "in_cleanest_region": served & (ci <= ci_all.min(axis=1)),
         "switched": rec["switched"], "switch_opportunity": rec["switch_opportunity"],
         "gate_blocked": rec["gate_blocked"],
-    })
+    }, copy=False)
 
 
 def simulate(
@@ -556,6 +557,16 @@ def _span(table: pd.DataFrame, signal: CarbonSignal) -> tuple[float, float]:
     return lo, min(hi, signal.row_interval(len(signal.frame) - 1)[1])
 
 
+def _label_column(names: list[str], codes: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """``names[codes]`` as pandas' default string column, gathered in Arrow: a gather of
+    Python strings costs about a second per million queries."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pd.array(pc.take(pa.array(names, type=pa.large_string()), pa.array(codes)),
+                    dtype="str")
+
+
 def _result(rec: dict[str, np.ndarray], table: pd.DataFrame, deps: Deployments,
             signal: CarbonSignal, new: np.ndarray, hist: np.ndarray, out: np.ndarray,
             est: np.ndarray, qual: np.ndarray, conversation: np.ndarray, policy: Policy,
@@ -568,13 +579,13 @@ def _result(rec: dict[str, np.ndarray], table: pd.DataFrame, deps: Deployments,
     served = dep >= 0
     labels = deps.frame()
     for col in ("model", "gpu", "region"):
-        names = labels[col].to_numpy()
-        records[col] = np.where(served, names[np.maximum(dep, 0)], "")
+        names = [*labels[col], ""]  # a rejected query (−1) gets ""
+        records[col] = _label_column(names, np.where(served, dep, len(names) - 1))
     # A rejected query recomputes nothing (its history is not prefilled anywhere).
     records["recomputed_tokens"] = np.where(
         served, records["history_tokens"] - records["cached_tokens"], 0.0)
     records["conversation"] = conversation[order]
-    records.insert(0, "policy", policy.name)
+    records.insert(0, "policy", _label_column([policy.name], np.zeros(len(records), np.int64)))
     return SimulationResult(records=records, policy=policy.name, params=policy.params(),
                             backend=backend_cfg.to_dict(), counters=counters,
                             decision_ns=dec_ns)
