@@ -85,6 +85,23 @@ def stack():
         yield s
 
 
+def test_idle_connections_are_dropped_by_the_client_before_the_server_closes_them(stack):
+    # A request sent on a connection its server is closing fails (an empty ReadError; under load
+    # on a slow host the load test lost requests so). So every client here lets an idle
+    # connection go before its server does: the openai client (httpx's 5 s) before the proxy,
+    # the proxy before the engines — the emulators, and vLLM's / SGLang's uvicorn default of 5 s.
+    from openai._constants import DEFAULT_CONNECTION_LIMITS
+
+    from carbonrouter_lib.serve import emulator, proxy
+
+    client_expiry = DEFAULT_CONNECTION_LIMITS.keepalive_expiry
+    servers = [*stack.proxy._servers, *stack.cluster.server._servers]
+    assert all(s.config.timeout_keep_alive == emulator.SERVER_KEEP_ALIVE_S for s in servers)
+    assert emulator.SERVER_KEEP_ALIVE_S > client_expiry
+    app = stack.proxy._servers[0].config.app
+    assert app.state.engine_limits.keepalive_expiry == proxy.ENGINE_KEEPALIVE_S < 5.0
+
+
 def test_sticky_long_history_switches_short_one_when_carbon_flips(stack):
     long_text = "alpha beta gamma delta " * 1500  # ~6,000 history tokens
     long_msgs = [{"role": "user", "content": long_text}]

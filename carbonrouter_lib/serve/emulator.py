@@ -51,7 +51,7 @@ from carbonrouter_lib.serve.config import DeploymentSpec, ServeConfig
 from carbonrouter_lib.tokenizers import encode
 
 __all__ = ["BLOCK_TOKENS", "PrefixCache", "Faults", "EngineEmulator", "EmulatorCluster",
-           "ServerThread", "free_ports"]
+           "SERVER_KEEP_ALIVE_S", "ServerThread", "free_ports"]
 
 #: Tokens per KV block (vLLM's default block size).
 BLOCK_TOKENS = 16
@@ -299,18 +299,27 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+#: How long the servers we start keep an idle client connection open, s. Longer than any
+#: client's own keep-alive (httpx, and so the ``openai`` client, drop idle connections after
+#: 5 s): a server that closes first races a client sending on the connection it is closing,
+#: and that request fails (seen as lost requests under load on a slow host).
+SERVER_KEEP_ALIVE_S = 30.0
+
+
 class ServerThread:
     """Serve ASGI apps on 127.0.0.1 ports from one background thread (one event loop).
 
     ``with ServerThread([(app, port), ...]):`` starts them and waits until every one listens;
-    leaving the block stops them. No access log (no request line is written).
+    leaving the block stops them. No access log (no request line is written). Idle client
+    connections are kept :data:`SERVER_KEEP_ALIVE_S`.
     """
 
     def __init__(self, apps: Sequence[tuple[Any, int]], host: str = "127.0.0.1") -> None:
         self._servers = [uvicorn.Server(uvicorn.Config(app, host=host, port=port,
                                                        log_level="warning", access_log=False,
                                                        lifespan="on", loop="asyncio",
-                                                       timeout_graceful_shutdown=1))
+                                                       timeout_graceful_shutdown=1,
+                                                       timeout_keep_alive=SERVER_KEEP_ALIVE_S))
                          for app, port in apps]
         for s in self._servers:
             s.install_signal_handlers = lambda: None  # not the main thread

@@ -37,9 +37,15 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from carbonrouter_lib.serve.core import EXTENSION, RouterCore, Turn, _count
 
-__all__ = ["create_app"]
+__all__ = ["ENGINE_KEEPALIVE_S", "create_app"]
 
 log = logging.getLogger("carbonrouter.serve.proxy")
+
+#: How long the proxy keeps an idle connection to an engine for reuse, s: shorter than the
+#: engines' own keep-alive (vLLM's and SGLang's uvicorn close idle connections after 5 s, the
+#: emulators after 30 s). Reusing a connection the engine is closing fails the request (an
+#: empty ``ReadError``), which the proxy would retry elsewhere and cool the engine down for.
+ENGINE_KEEPALIVE_S = 2.0
 
 
 class _Held:
@@ -86,8 +92,7 @@ def create_app(core: RouterCore) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-        state["client"] = httpx.AsyncClient(timeout=timeout, limits=limits)
+        state["client"] = httpx.AsyncClient(timeout=timeout, limits=app.state.engine_limits)
         try:
             yield
         finally:
@@ -96,6 +101,8 @@ def create_app(core: RouterCore) -> FastAPI:
 
     app = FastAPI(title="carbonrouter proxy", lifespan=lifespan)
     app.state.core = core
+    app.state.engine_limits = httpx.Limits(max_connections=None, max_keepalive_connections=256,
+                                           keepalive_expiry=ENGINE_KEEPALIVE_S)
 
     @app.get("/healthz")
     async def healthz() -> dict:
