@@ -54,8 +54,9 @@ from carbonrouter_lib.deployments import Deployments
 from carbonrouter_lib.policies import QueryBatch
 from carbonrouter_lib.setting import SimulationConfig
 
-__all__ = ["bound_candidates", "bound_comparison",
-           "capacity_rejected_sessions", "clairvoyant_bound", "ensure_bound", "session_bound_dp"]
+__all__ = ["bound_candidates", "bound_comparison", "capacity_priced_bound",
+           "capacity_rejected_sessions", "clairvoyant_bound", "ensure_bound",
+           "ensure_priced_bound", "session_bound_dp"]
 
 def bound_candidates(deps: Deployments) -> np.ndarray:
     """Deployment indices kept by relaxation 4: per (region, model), the GPUs not dominated by
@@ -225,6 +226,10 @@ def clairvoyant_bound(
     signal: CarbonSignal | None = None,
     max_tracked: int = 8,
     progress: bool = False,
+    price: np.ndarray | None = None,
+    hold: np.ndarray | None = None,
+    kv_pool: np.ndarray | None = None,
+    ttl_s: float = math.inf,
 ) -> pd.DataFrame:
     """The clairvoyant bound of every session of a prepared workload (module docstring).
 
@@ -241,6 +246,15 @@ def clairvoyant_bound(
         deployment (exact), others per region.
     progress
         tqdm bar over sessions.
+    price, hold, kv_pool, ttl_s
+        What :func:`capacity_priced_bound` puts back into the relaxed model (None, None, None,
+        inf: nothing, the plain bound). ``price`` (rows, slot pools): gCO2e added to the cost of
+        serving each row in each (region, GPU) pool; ``hold`` (rows, KV pools): gCO2e per token
+        of a reused cache for having kept it in its KV pool (``kv_pool`` of each deployment)
+        during the previous row's interval (a row may recompute instead). With them, every GPU
+        of a (region, model) is a candidate, not only the dominant one. ``ttl_s``: no cache
+        survives a longer think time. The ``carbon_g`` written is the path's carbon without the
+        prices; with prices the table also has ``held_tokens``, the cache each row reused.
 
     Returns
     -------
@@ -255,19 +269,33 @@ def clairvoyant_bound(
     signal = config.signal(signal)
     deps = config.deployments()
     x = _bound_inputs(table, config, signal)
-    cand = bound_candidates(deps)
-    # the loop's arguments but the sessions' ranges and the outputs, the same for every chunk
     n = len(table)
+    if (price is None) != (hold is None) or (hold is not None) != (kv_pool is not None):
+        raise ValueError("clairvoyant_bound: price, hold and kv_pool go together")
+    if price is None:  # relaxation 4: the dominant GPU of each (region, model)
+        cand = bound_candidates(deps)
+        alt = cand[:, None]
+        slot_col = kv_col = np.zeros_like(alt)
+        price = hold = np.zeros((n, 1))
+    else:  # one candidate per (region, model), every GPU its alternative
+        key = deps.region * len(deps.models) + deps.model
+        cand = np.array([np.flatnonzero(key == k)[0] for k in np.unique(key)], np.int64)
+        alt = np.stack([np.flatnonzero(key == key[c]) for c in cand]).astype(np.int64)
+        slot_col = (deps.region * len(deps.gpus) + deps.gpu)[alt].astype(np.int64)
+        kv_col = np.asarray(kv_pool, np.int64)[alt]
+    # the loop's arguments but the sessions' ranges and the outputs, the same for every chunk
     dep = np.empty(n, np.int64)
     carbon, energy, ci_min = np.empty(n), np.empty(n), np.empty(n)
     coarse = np.zeros(n, np.bool_)  # "region+model" tracking
+    held = np.zeros(n)
     span_lo, span_hi = signal._span_s
     fixed = (x["arrival"], x["think"], x["max_service"], signal._t_s, float(span_lo),
              float(span_hi), float(x["end_s"]), x["grid"], np.ascontiguousarray(x["feasible"]),
              cand, deps.region[cand].astype(np.int64), deps.model[cand].astype(np.int64),
-             deps.e_in[cand].astype(np.float64), deps.e_cache[cand].astype(np.float64),
-             deps.e_out[cand].astype(np.float64), x["new"], x["hist"], x["out"], max_tracked,
-             dep, carbon, energy, ci_min, coarse)
+             alt, slot_col, kv_col, deps.e_in[alt].astype(np.float64),
+             deps.e_cache[alt].astype(np.float64), deps.e_out[alt].astype(np.float64),
+             x["new"], x["hist"], x["out"], max_tracked, np.ascontiguousarray(price),
+             np.ascontiguousarray(hold), float(ttl_s), dep, carbon, energy, ci_min, coarse, held)
     starts, ends = x["starts"], x["ends"]
     bar = None
     if progress:
@@ -289,19 +317,35 @@ def clairvoyant_bound(
     session = table["session"].to_numpy(np.int64)
     turn = table["turn"].to_numpy(np.int64)
     n_turns = table["n_turns"].to_numpy(np.int64)
-    return pd.DataFrame({"session": session, "turn": turn, "n_turns": n_turns,
-                         "deployment": dep, "carbon_g": carbon, "energy_kwh": energy,
-                         "ci_min": ci_min,
-                         "tracking": np.where(coarse, "region+model", "deployment")})
+    out = pd.DataFrame({"session": session, "turn": turn, "n_turns": n_turns,
+                        "deployment": dep, "carbon_g": carbon, "energy_kwh": energy,
+                        "ci_min": ci_min,
+                        "tracking": np.where(coarse, "region+model", "deployment")})
+    if kv_pool is not None:  # the cache each row reused: what it kept held, tokens
+        out["held_tokens"] = held
+    return out
 
 
 @njit(cache=True)
 def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, span_hi, end_s,
-                    grid, feasible_all, cand, region_c, model_c, e_in_c, e_cache_c, e_out_c, new,
-                    hist, out, max_tracked, dep, carbon, energy, ci_min, coarse):
+                    grid, feasible_all, cand, region_c, model_c, alt_dep, alt_slot, alt_kv,
+                    ea_in, ea_cache, ea_out, new, hist, out, max_tracked, price, hold, ttl_s, dep,
+                    carbon, energy, ci_min, coarse, held):
     """The bound of the sessions [starts[q], ends[q]) (the loop of :func:`clairvoyant_bound`,
-    compiled): writes each row's deployment, carbon, energy, intensity and tracking; returns
-    NaN, or the first time (s) the signal does not cover."""
+    compiled): writes each row's deployment, carbon, energy, intensity, tracking and the tokens
+    of cache it reused (``held``); returns NaN, or the first time (s) the signal does not
+    cover. The prices of :func:`capacity_priced_bound` (zeros and ``ttl_s`` = inf: the plain
+    bound) enter the DP's costs but not the carbon written: ``price`` (rows, slot pools) is
+    added to the cost of serving a row in a pool, ``hold`` (rows, KV pools) × the tokens reused
+    is the price of having kept that cache in its pool during the previous row's interval (a
+    row may recompute instead), and no cache survives a think time above ``ttl_s``.
+
+    Candidate c stands for its (region, model); ``alt_dep[c]`` are the deployments it may use
+    (−1 padded: one, the dominant GPU, for the plain bound; every GPU with prices), each with
+    its energy coefficients ``ea_*``, its slot pool ``alt_slot`` (the column of ``price``) and
+    its KV pool ``alt_kv`` (the column of ``hold``); every turn takes the cheapest of them for
+    each way of serving it (its cache status is the candidate's, whatever the GPU: a
+    relaxation)."""
     n_rows = len(grid)
     n_regions = grid.shape[1]
     n_c = len(cand)
@@ -357,8 +401,14 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
         c_rev = np.empty((k_turns, n_u))
         c_full = np.empty((k_turns, n_u))
         ci = np.empty((k_turns, n_u))
+        miss_full = np.zeros((k_turns, n_u), np.bool_)
+        miss_rev = np.zeros((k_turns, n_u), np.bool_)
+        d_none = np.empty((k_turns, n_u), np.int64)
+        d_rev = np.empty((k_turns, n_u), np.int64)
+        d_full = np.empty((k_turns, n_u), np.int64)
         for k in range(k_turns):
             i = i0 + k
+            expired = k > 0 and think[i] > ttl_s  # every cache expired during the think time
             for u in range(n_u):
                 c = used[u]
                 m = model_c[c]
@@ -366,14 +416,42 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
                 n_new, n_hist, n_out = new[i, m], hist[i, m], out[i, m]
                 # the context up to turn k − 2 is cached when c served before but not at k − 1
                 h_prev = hist[i - 1, m] if k > 0 else 0.0
-                ei, ec, eo = e_in_c[c], e_cache_c[c], e_out_c[c]
-                e_none[k, u] = ei * (n_new + n_hist - 0.0) + ec * 0.0 + eo * n_out
-                e_rev[k, u] = ei * (n_new + n_hist - h_prev) + ec * h_prev + eo * n_out
-                e_full[k, u] = ei * n_new + ec * n_hist + eo * n_out
                 ci[k, u] = ci_w[k, region_c[c]]
-                c_none[k, u] = ci[k, u] * e_none[k, u]
-                c_rev[k, u] = ci[k, u] * e_rev[k, u]
-                c_full[k, u] = ci[k, u] * e_full[k, u]
+                # Each way of serving the turn on its cheapest deployment (with the prices: slot
+                # and, for a reused cache, its tokens held during the previous row's interval).
+                b_none, b_rev, b_full = math.inf, math.inf, math.inf
+                for g in range(alt_dep.shape[1]):
+                    a = alt_dep[c, g]
+                    if a < 0:
+                        break
+                    ei, ec, eo = ea_in[c, g], ea_cache[c, g], ea_out[c, g]
+                    en = ei * (n_new + n_hist - 0.0) + ec * 0.0 + eo * n_out
+                    er = ei * (n_new + n_hist - h_prev) + ec * h_prev + eo * n_out
+                    ef = ei * n_new + ec * n_hist + eo * n_out
+                    pr = price[i, alt_slot[c, g]]
+                    mu = hold[i, alt_kv[c, g]]
+                    v = ci[k, u] * en + pr
+                    if v < b_none:
+                        b_none, e_none[k, u], d_none[k, u] = v, en, a
+                    v = ci[k, u] * er + pr + mu * h_prev
+                    if v < b_rev:
+                        b_rev, e_rev[k, u], d_rev[k, u] = v, er, a
+                    v = ci[k, u] * ef + pr + mu * n_hist
+                    if v < b_full:
+                        b_full, e_full[k, u], d_full[k, u] = v, ef, a
+                c_none[k, u] = b_none
+                # recomputing instead of reusing is always possible (and forced after the TTL);
+                # cost is linear in the tokens reused, so the best is one of the two ends
+                if expired or b_full > b_none:
+                    c_full[k, u] = b_none
+                    miss_full[k, u] = True
+                else:
+                    c_full[k, u] = b_full
+                if expired or b_rev > b_none:
+                    c_rev[k, u] = b_none
+                    miss_rev[k, u] = True
+                else:
+                    c_rev[k, u] = b_rev
         flags = np.empty(n_u, np.int64)
         is_coarse = n_u > max_tracked
         if not is_coarse:
@@ -399,21 +477,268 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
             i = i0 + k
             coarse[i] = is_coarse
             u = path[k]
+            held[i] = 0.0
             if u < 0:
                 dep[i], carbon[i], energy[i], ci_min[i] = -1, 0.0, 0.0, math.nan
                 continue
             bit = flags[u]
-            if u == prev:
-                e = e_full[k, u]
-            elif seen & bit == bit:
-                e = e_rev[k, u]
+            m = model_c[used[u]]
+            if u == prev and not miss_full[k, u]:
+                e, a = e_full[k, u], d_full[k, u]
+                held[i] = hist[i, m]
+            elif seen & bit == bit and u != prev and not miss_rev[k, u]:
+                e, a = e_rev[k, u], d_rev[k, u]
+                held[i] = hist[i - 1, m]
             else:
-                e = e_none[k, u]
+                e, a = e_none[k, u], d_none[k, u]
             seen |= bit
             prev = u
-            dep[i], energy[i], ci_min[i] = cand[used[u]], e, ci[k, u]
+            dep[i], energy[i], ci_min[i] = a, e, ci[k, u]
             carbon[i] = ci[k, u] * e
     return math.nan
+
+
+# ---------------------------------------------------------------------------------------------
+# The bound with capacity priced (a Lagrangian relaxation of the slot and KV-memory limits)
+# ---------------------------------------------------------------------------------------------
+
+@njit(cache=True)
+def _held_intervals(starts, ends, arrival, think, max_service, t0, t1):
+    """Per row, [t0, t1) = [hi_k, lo_{k+1}): from the latest dispatch any policy can give turn k
+    to the earliest of turn k + 1 (the windows of :func:`_bound_sessions`, the same arithmetic),
+    a time during which every policy holds the session's slot in the region of turn k. Empty
+    (t1 = t0) for a session's last turn and where the windows overlap."""
+    for q in range(len(starts)):
+        i0, i1 = starts[q], ends[q]
+        cum_think, cum_serve = 0.0, 0.0
+        prev_hi = 0.0
+        for k in range(i1 - i0):
+            if k > 0:
+                cum_think += think[i0 + k]
+                cum_serve += max_service[i0 + k - 1]
+            lo = arrival[i0] + cum_think
+            hi = lo + cum_serve
+            if k > 0:
+                t1[i0 + k - 1] = max(lo, prev_hi)
+            t0[i0 + k] = hi
+            prev_hi = hi
+        t1[i1 - 1] = prev_hi
+
+
+@njit(cache=True)
+def _bucket_overlap(t0, t1, region, weight, origin, width, out):
+    """Adds ``weight[i]`` × the overlap of each interval [t0[i], t1[i]) of a row in
+    ``region[i]`` (−1: none) with every bucket [origin + b·width, … + width) to ``out``
+    (regions × buckets; a weight of 1: seconds). Times outside the buckets are dropped."""
+    n_b = out.shape[1]
+    for i in range(len(t0)):
+        r = region[i]
+        if r < 0 or t1[i] <= t0[i] or weight[i] == 0.0:
+            continue
+        a = (t0[i] - origin) / width
+        z = (t1[i] - origin) / width
+        b0 = max(int(math.floor(a)), 0)
+        b1 = min(int(math.floor(z)), n_b - 1)
+        for b in range(b0, b1 + 1):
+            lo = max(a, float(b))
+            hi = min(z, float(b + 1))
+            if hi > lo:
+                out[r, b] += weight[i] * (hi - lo) * width
+
+
+def _interval_prices(t0: np.ndarray, t1: np.ndarray, prices: np.ndarray, origin: float,
+                     width: float) -> np.ndarray:
+    """(rows, regions): the integral of each region's price (per unit and second, constant on
+    each bucket, 0 outside) over each row's interval [t0, t1)."""
+    n_r, n_b = prices.shape
+    cum = np.concatenate([np.zeros((n_r, 1)), np.cumsum(prices * width, axis=1)], axis=1)
+
+    def integral(t: np.ndarray) -> np.ndarray:
+        x = np.clip((t - origin) / width, 0.0, float(n_b))
+        b = np.minimum(np.floor(x).astype(np.int64), n_b - 1)
+        return cum[:, b] + prices[:, b] * (x - b) * width  # (regions, rows)
+
+    return np.ascontiguousarray((integral(t1) - integral(t0)).T)
+
+
+def _kv_pools(deps: Deployments, backend) -> tuple[np.ndarray, np.ndarray]:
+    """The KV pool of each deployment and each pool's memory, tokens, as the backend has them:
+    the (region, GPU) pools (the paper's rule) or one per deployment (the hardware rule, in its
+    own model's tokens)."""
+    if backend.kv_tokens_per_deployment is not None:
+        return (np.arange(deps.n, dtype=np.int64),
+                np.floor(np.asarray(backend.kv_tokens_per_deployment, np.float64)))
+    pool = (deps.region * len(deps.gpus) + deps.gpu).astype(np.int64)
+    return pool, np.full(deps.n_pools, float(math.floor(backend.kv_tokens_per_pool)))
+
+
+def capacity_priced_bound(
+    table: pd.DataFrame,
+    config: SimulationConfig | None = None,
+    signal: CarbonSignal | None = None,
+    backend=None,
+    *,
+    upper_g: float,
+    iterations: int = 12,
+    bucket_s: float = 1800.0,
+    max_tracked: int = 8,
+    progress: bool = False,
+) -> dict:
+    """The clairvoyant bound with the replay's capacity and TTL put back: slots and KV memory
+    by Lagrangian relaxation, the TTL exactly.
+
+    The plain bound (:func:`clairvoyant_bound`) lets every session use the best GPU of the
+    cleanest region at every instant and keep every cache forever. In the replay (a
+    ``backend`` of :class:`~carbonrouter_lib.backend.BackendConfig`; default the setting's),
+    whatever the policy:
+
+    - a session holds its slot in the (region, GPU) pool p of turn k at least during
+      I_k = [hi_k, lo_{k+1}) (:func:`_held_intervals`), and a pool has S slots;
+    - a turn k that reuses a cache on a deployment — the previous turn's (its post-turn
+      context, the history H_k of turn k) or an earlier one's (at most H_{k−1}) — found it held
+      in that deployment's KV pool q during I_{k−1}, and a pool holds M_q tokens
+      (:func:`_kv_pools`: the (region, GPU) pools, or each deployment under the hardware rule);
+    - no cache survives a think time above the TTL (a turn is sent a think time after the
+      previous completion; exact, not a relaxation).
+
+    Summed over buckets of time b, every capacity-feasible routing x has slot occupancy
+    occ_{p,b}(x) ≤ S·|b| and memory use mem_{q,b}(x) ≤ M_q·|b|. For prices λ, μ ≥ 0,
+
+        L(λ, μ) = Σ_s min_path [C_s(path) + Σ_k ∫_{I_k} λ_{p(k)} / S
+                                + Σ_k L_k ∫_{I_{k−1}} μ_{q(k)} / M_q]
+                  − Σ_{p,b} λ_{p,b}·|b| − Σ_{q,b} μ_{q,b}·|b|
+
+    (L_k the cache tokens turn k reuses) is at most the carbon of every such x: x's path with
+    its reuse is in the DP, which takes every GPU of a (region, model) as an alternative (each
+    turn the cheapest with its prices; the cache status is the (region, model)'s, a
+    relaxation) and may reuse the largest cache the relaxed model allows, or none (carbon plus
+    price is linear in the tokens reused, so one of the two is at most x's); its bracket is at
+    most x's carbon plus its priced use, and the use is within the capacity (weak duality; the
+    other relaxations of the module docstring stay). With zero prices and an infinite TTL it
+    is the plain bound. Projected subgradient ascent on (λ, μ) — the constraints normalized by
+    capacity, Polyak steps towards ``upper_g``, halved after two iterations without progress —
+    keeps the largest L seen; every iterate is a valid bound. It applies to a replay in which
+    no query was rejected for lack of capacity.
+
+    Parameters
+    ----------
+    table, config, signal, max_tracked
+        As :func:`clairvoyant_bound`.
+    backend
+        The replay's capacity (slots per pool, KV memory, TTL); default
+        :func:`~carbonrouter_lib.setting.backend_config` of the table and setting.
+    upper_g
+        The carbon of some capacity-feasible routing, gCO2e (e.g. the best policy's replay): the
+        target of the step sizes (the bound stays below it whatever it is).
+    iterations
+        Evaluations of L after L(0, 0).
+    bucket_s
+        Width of the price buckets, s.
+
+    Returns
+    -------
+    dict
+        ``bound_g`` (the largest L, gCO2e), ``plain_g`` (the plain bound), ``ttl_g`` (L(0, 0):
+        with the TTL only), ``history`` (DataFrame: iteration, bound_g, slot_excess and
+        kv_excess — the share of the path's slot and memory use above capacity — and step),
+        ``slot_prices`` and ``kv_prices`` (pools × buckets, the best λ, μ, per unit of
+        normalized use and second), ``origin_s``, ``bucket_s``, ``slots`` (S per slot pool),
+        ``kv_tokens`` (M per KV pool), ``records`` (the paths at the best prices, as
+        :func:`clairvoyant_bound` returns them, with ``held_tokens`` and ``price_g``: what each
+        row paid).
+    """
+    from carbonrouter_lib.setting import backend_config
+
+    config = config or SimulationConfig()
+    signal = config.signal(signal)
+    deps = config.deployments()
+    if backend is None:
+        backend = backend_config(table, config)
+    if iterations < 0 or not bucket_s > 0:
+        raise ValueError(f"capacity_priced_bound: iterations must be ≥ 0 and bucket_s > 0, got "
+                         f"{iterations}, {bucket_s}")
+    x = _bound_inputs(table, config, signal)
+    n = len(table)
+    t0, t1 = np.empty(n), np.empty(n)
+    _held_intervals(x["starts"], x["ends"], x["arrival"], x["think"], x["max_service"], t0, t1)
+    first = table["turn"].to_numpy() == 0
+    # the interval during which the previous turn's cache is held, per row (empty at turn 0)
+    p0 = np.where(first, 0.0, np.roll(t0, 1))
+    p1 = np.where(first, 0.0, np.roll(t1, 1))
+    origin = float(t0.min())
+    n_b = max(1, math.ceil((float(t1.max()) - origin) / bucket_s))
+    width = np.full(n_b, bucket_s)
+    width[-1] = max(float(t1.max()) - origin - (n_b - 1) * bucket_s, 1e-9)
+    slot_pool = (deps.region * len(deps.gpus) + deps.gpu).astype(np.int64)
+    slots = np.full(deps.n_pools, float(backend.slots_per_pool))
+    kv_pool, kv = _kv_pools(deps, backend)
+    slot_of = np.append(slot_pool, -1)
+    kv_of = np.append(kv_pool, -1)
+    ones = np.ones(n)
+
+    def evaluate(lam: np.ndarray, mu: np.ndarray):
+        price = _interval_prices(t0, t1, lam / slots[:, None], origin, bucket_s)
+        hold = _interval_prices(p0, p1, mu / kv[:, None], origin, bucket_s)
+        rec = clairvoyant_bound(table, config, signal, max_tracked=max_tracked, price=price,
+                                hold=hold, kv_pool=kv_pool, ttl_s=backend.ttl_s)
+        a = rec["deployment"].to_numpy()
+        sp, kp = slot_of[a], kv_of[a]
+        h = rec["held_tokens"].to_numpy()
+        rows = np.arange(n)
+        paid = np.where(a >= 0, price[rows, np.maximum(sp, 0)]
+                        + hold[rows, np.maximum(kp, 0)] * h, 0.0)
+        occ = np.zeros((len(slots), n_b))
+        mem = np.zeros((len(kv), n_b))
+        _bucket_overlap(t0, t1, sp, ones, origin, bucket_s, occ)
+        _bucket_overlap(p0, p1, kp, h, origin, bucket_s, mem)
+        value = float(rec["carbon_g"].sum() + paid.sum() - (lam * width).sum()
+                      - (mu * width).sum())
+        # normalized use minus capacity, per bucket: (use / capacity − 1)·|b|
+        g = (occ / slots[:, None] - width, mem / kv[:, None] - width)
+        return value, g, rec.assign(price_g=paid)
+
+    lam = np.zeros((len(slots), n_b))
+    mu = np.zeros((len(kv), n_b))
+    value, g, rec = evaluate(lam, mu)
+    plain = float(clairvoyant_bound(table, config, signal, max_tracked=max_tracked)[
+        "carbon_g"].sum())
+    with_ttl = value
+    upper = float(upper_g)
+    best = (value, lam.copy(), mu.copy(), rec)
+    theta, stale = 1.0, 0
+    history = []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=iterations, desc="capacity-priced bound", unit="iteration")
+    for it in range(iterations + 1):
+        g_slot, g_kv = g
+        excess = [float(np.maximum(gg, 0.0).sum() / max((gg + width).sum(), 1e-12))
+                  for gg in g]
+        norm = float((g_slot ** 2).sum() + (g_kv ** 2).sum())
+        step = theta * max(upper - value, 0.0) / norm if norm > 0 else 0.0
+        history.append({"iteration": it, "bound_g": value, "slot_excess": excess[0],
+                        "kv_excess": excess[1], "step": step})
+        if it == iterations or step == 0.0:
+            break
+        lam = np.maximum(lam + step * g_slot, 0.0)
+        mu = np.maximum(mu + step * g_kv, 0.0)
+        value, g, rec = evaluate(lam, mu)
+        if value > best[0] * (1 + 1e-9):
+            best, stale = (value, lam.copy(), mu.copy(), rec), 0
+        else:
+            stale += 1
+            if stale >= 2:
+                theta, stale = theta / 2, 0
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return {"bound_g": best[0], "plain_g": plain, "ttl_g": with_ttl,
+            "history": pd.DataFrame(history), "slot_prices": best[1], "kv_prices": best[2],
+            "origin_s": origin, "bucket_s": float(bucket_s), "slots": slots, "kv_tokens": kv,
+            "records": best[3]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -435,6 +760,33 @@ def ensure_bound(workload_config: prepared.WorkloadConfig, simulation_config: Si
         return hit[0]
     table = prepared.prepare_workload(workload_config)
     return entry.save(clairvoyant_bound(table, simulation_config, progress=progress))
+
+
+def ensure_priced_bound(workload_config: prepared.WorkloadConfig,
+                        simulation_config: SimulationConfig, upper_g: float,
+                        iterations: int = 12, bucket_s: float = 1800.0,
+                        cache_dir: str | os.PathLike | None = None) -> dict:
+    """:func:`capacity_priced_bound` of a setting (its replay's capacity), cached (default
+    ``derived_dir()/bounds``, keyed by the workload, the setting, the arguments and the code):
+    ``bound_g``, ``plain_g``, ``ttl_g`` (gCO2e) and ``history`` (DataFrame), without the
+    per-query paths."""
+    from carbonrouter_lib.datasets import derived_dir
+
+    params = {"workload": workload_config.key(), "simulation": simulation_config.to_dict(),
+              "upper_g": float(upper_g), "iterations": int(iterations),
+              "bucket_s": float(bucket_s)}
+    entry = cache.entry("priced_bound", params, "carbonrouter_lib.bound",
+                        folder=cache_dir or derived_dir() / "bounds", fmt="json")
+    if (hit := entry.load()) is None:
+        table = prepared.prepare_workload(workload_config)
+        pb = capacity_priced_bound(table, simulation_config, upper_g=upper_g,
+                                   iterations=iterations, bucket_s=bucket_s)
+        doc = {k: pb[k] for k in ("bound_g", "plain_g", "ttl_g")}
+        doc["history"] = pb["history"].to_dict(orient="list")
+        hit = (entry.save(doc), None)
+    doc = dict(hit[0])
+    doc["history"] = pd.DataFrame(doc["history"])
+    return doc
 
 
 def capacity_rejected_sessions(records: pd.DataFrame, bound: pd.DataFrame) -> np.ndarray:

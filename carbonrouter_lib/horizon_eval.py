@@ -221,7 +221,8 @@ def verdicts(t: pd.DataFrame, by: Sequence[str] = SETTING) -> pd.DataFrame:
 
 def bound_shares(results: Mapping[str, Any], runs: pd.DataFrame, peak: int | str | None = None,
                  seed: int = 0, max_conversations: int | None = None,
-                 policies: Sequence[str] = (*ONLINE, TARGET)) -> pd.DataFrame:
+                 policies: Sequence[str] = (*ONLINE, TARGET), priced: bool = False
+                 ) -> pd.DataFrame:
     """Per setting of ``runs`` (:func:`grid`), the clairvoyant bound
     (:func:`carbonrouter_lib.bound.ensure_bound`, computed and cached per setting, ≈ 15–30 s each
     at P = 350) and each policy's share of the saving it says is possible over Session-Affinity:
@@ -233,7 +234,10 @@ def bound_shares(results: Mapping[str, Any], runs: pd.DataFrame, peak: int | str
     share of rejected queries among the setting's policies, so a reader sees where the two
     could differ. Columns: the :data:`SETTING` keys, ``policy``, ``co2_kg``, ``bound_kg``,
     ``session_affinity_kg``, ``bound_rel`` (bound / SA), ``share_of_possible_saving``,
-    ``rejected_share``, ``held_out``."""
+    ``rejected_share``, ``held_out``. With ``priced``, also the bound with the replay's slots,
+    KV memory and TTL put back (:func:`carbonrouter_lib.bound.ensure_priced_bound`, its step
+    target the best policy's CO2; a few minutes per setting): ``priced_bound_kg``,
+    ``ttl_bound_kg`` (the TTL alone) and ``share_of_priced_saving``."""
     rows = []
     for st, g in runs.groupby(list(SETTING), sort=False):
         st = dict(zip(SETTING, st, strict=True))
@@ -245,14 +249,24 @@ def bound_shares(results: Mapping[str, Any], runs: pd.DataFrame, peak: int | str
         sa = float(results[g.loc["session-affinity", "key"]].summary["total_co2_kg"])
         rejected = max(float(results[g.loc[p, "key"]].summary["share_rejected"])
                        for p in ("session-affinity", *policies))
-        b = bound.ensure_bound(*setting(st, peak, seed, max_conversations))
+        configs = setting(st, peak, seed, max_conversations)
+        b = bound.ensure_bound(*configs)
         b_kg = float(b["carbon_g"].sum()) / 1e3
+        extra = {}
+        if priced:
+            pb = bound.ensure_priced_bound(*configs, upper_g=1e3 * min(sa, *co2.values()))
+            extra = {"priced_bound_kg": pb["bound_g"] / 1e3, "ttl_bound_kg": pb["ttl_g"] / 1e3}
         tuned = all(st[k] == v for k, v in TUNED.items())
-        rows += [st | {"policy": p, "co2_kg": co2[p], "bound_kg": b_kg, "session_affinity_kg": sa,
-                       "bound_rel": b_kg / sa,
-                       "share_of_possible_saving": bound.share_of_possible_saving(sa, co2[p], b_kg),
-                       "rejected_share": rejected, "held_out": not tuned}
-                 for p in policies]
+        for p in policies:
+            share = bound.share_of_possible_saving(sa, co2[p], b_kg)
+            row = st | {"policy": p, "co2_kg": co2[p], "bound_kg": b_kg,
+                        "session_affinity_kg": sa, "bound_rel": b_kg / sa,
+                        "share_of_possible_saving": share, "rejected_share": rejected,
+                        "held_out": not tuned, **extra}
+            if priced:
+                row["share_of_priced_saving"] = bound.share_of_possible_saving(
+                    sa, co2[p], extra["priced_bound_kg"])
+            rows.append(row)
     return pd.DataFrame(rows)
 
 

@@ -3,6 +3,7 @@ carbon on random small traces, and tightness where the optimum is obvious."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -24,11 +25,13 @@ from test_simulator import (
     workloads,
 )
 
-from carbonrouter_lib import cost
+from carbonrouter_lib import cost, prepared
 from carbonrouter_lib.bound import (
     _bound_inputs,
+    _held_intervals,
     bound_candidates,
     bound_comparison,
+    capacity_priced_bound,
     capacity_rejected_sessions,
     clairvoyant_bound,
     session_bound_dp,
@@ -368,3 +371,136 @@ def test_share_of_possible_saving():
     assert share_of_possible_saving(10.0, 4.0, 4.0) == 1.0
     assert share_of_possible_saving(10.0, 12.0, 4.0) == -1 / 3
     assert math.isnan(share_of_possible_saving(4.0, 3.0, 4.0))
+
+
+# --- the bound with capacity priced ------------------------------------------------------------
+
+
+def _held(table, values):
+    x = _bound_inputs(table, CONFIG, make_signal(values))
+    t0, t1 = np.empty(len(table)), np.empty(len(table))
+    _held_intervals(x["starts"], x["ends"], x["arrival"], x["think"], x["max_service"], t0, t1)
+    return t0, t1
+
+
+@settings(max_examples=30, deadline=None)
+@given(workloads())
+def test_every_policy_holds_the_slot_during_the_held_intervals(case):
+    # [t0, t1) of turn k lies within [dispatch of k, dispatch of k + 1) in every replay: the
+    # time a session's slot is in turn k's region whatever the policy.
+    table, values, backend, _ = case
+    t0, t1 = _held(table, values)
+    last = table["turn"].to_numpy() == table["n_turns"].to_numpy() - 1
+    assert (t1[last] == t0[last]).all() and (t1 >= t0).all()
+    for policy in [*POLICY_NAMES, "carbonrouter"]:
+        rec = run(table, policy, values, backend).records.sort_values(["session", "turn"])
+        d = rec["dispatch_s"].to_numpy()
+        same = rec["session"].to_numpy()[1:] == rec["session"].to_numpy()[:-1]
+        held = (t1 > t0)[:-1] & same  # non-empty intervals (not a session's last turn)
+        assert (d[:-1][held] <= t0[:-1][held] + 1e-6).all()
+        assert (d[1:][held] >= t1[:-1][held] - 1e-6).all()
+
+
+def test_the_priced_bound_at_zero_prices_is_the_plain_bound():
+    from carbonrouter_lib.backend import BackendConfig
+
+    values = ci_grid([100, 300] * 24, [300, 100] * 24)
+    table = make_table([conversation(float(10 * i), 3, new=900, out=300, think=400.0)
+                        for i in range(5)])
+    plain = clairvoyant_bound(table, CONFIG, make_signal(values))
+    no_ttl = BackendConfig(slots_per_pool=1, kv_tokens_per_pool=1e4, ttl_s=math.inf)
+    priced = capacity_priced_bound(table, CONFIG, make_signal(values), no_ttl, upper_g=1.0,
+                                   iterations=0)
+    assert priced["bound_g"] == priced["ttl_g"] == priced["plain_g"]
+    assert priced["plain_g"] == pytest.approx(plain["carbon_g"].sum(), rel=1e-12)
+    pd.testing.assert_frame_equal(priced["records"].drop(columns=["price_g", "held_tokens"]),
+                                  plain)
+    assert (priced["records"]["price_g"] == 0).all()
+    # the cache each row reused is the one its energy implies (Eq. 4 solved for L)
+    rec = priced["records"]
+    a = rec["deployment"].to_numpy()
+    m = DEPS.model[a]
+    rows = np.arange(len(rec))
+    tok = {q: prepared.model_matrix(table, q).astype(float)[rows, m]
+           for q in ("new_tokens", "history_tokens", "output_tokens")}
+    e_in, e_cache, e_out = DEPS.e_in[a], DEPS.e_cache[a], DEPS.e_out[a]
+    implied = (e_in * (tok["new_tokens"] + tok["history_tokens"]) + e_out * tok["output_tokens"]
+               - rec["energy_kwh"].to_numpy()) / (e_in - e_cache)
+    np.testing.assert_allclose(rec["held_tokens"], implied, rtol=1e-6, atol=1e-3)
+    assert (rec["held_tokens"] > 0).any() and (rec["held_tokens"][rec["turn"] == 0] == 0).all()
+    # A TTL below the think times: every turn after the first recomputes its history, exactly.
+    short = dataclasses.replace(no_ttl, ttl_s=300.0)
+    ttl = capacity_priced_bound(table, CONFIG, make_signal(values), short, upper_g=1.0,
+                                iterations=0)
+    assert ttl["ttl_g"] > ttl["plain_g"] and (ttl["records"]["held_tokens"] == 0).all()
+    rec = run(table, "carbonrouter-no-gate", values, short).records
+    assert rec.loc[rec["turn"] > 0, "cached_tokens"].eq(0).all()
+    assert ttl["ttl_g"] <= rec["carbon_g"].sum() * (1 + 1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(workloads(), st.sampled_from([300.0, 1800.0]))
+def test_the_priced_bound_is_below_every_capacity_feasible_replay(case, bucket_s):
+    # Weak duality: every iterate (not only the best) is at most the realized carbon of every
+    # replay on the same backend (slots, KV memory, TTL) in which no query was rejected for
+    # lack of capacity.
+    table, values, backend, _ = case
+    plain = clairvoyant_bound(table, CONFIG, make_signal(values))
+    realized = []
+    for policy in [*POLICY_NAMES, "carbonrouter"]:
+        rec = run(table, policy, values, backend).records
+        if len(capacity_rejected_sessions(rec, plain)) == 0:
+            realized.append(rec["carbon_g"].sum())
+    # the step target: a replay's carbon, or (none feasible) one far above
+    priced = capacity_priced_bound(table, CONFIG, make_signal(values), backend,
+                                   upper_g=max(realized, default=10 * plain["carbon_g"].sum()),
+                                   iterations=6, bucket_s=bucket_s)
+    assert priced["bound_g"] >= priced["ttl_g"] >= priced["plain_g"] * (1 - 1e-12)
+    assert priced["history"]["bound_g"].max() == priced["bound_g"]
+    for c in realized:
+        assert (priced["history"]["bound_g"] <= c * (1 + 1e-9) + 1e-12).all()
+
+
+def test_capacity_lifts_the_bound_where_the_clean_region_cannot_hold_everyone():
+    # Ten simultaneous long sessions; region B is 4x cleaner, but it holds 6 sessions (two slots
+    # in each of its three GPU pools): the plain bound puts all ten there, the priced bound
+    # must charge some of them A's intensity, and stays below the best replay.
+    from carbonrouter_lib.backend import BackendConfig
+
+    values = ci_grid(400, 100)
+    table = make_table([conversation(float(i), 6, new=3000, out=400, think=900.0)
+                        for i in range(10)])
+    tight = BackendConfig(slots_per_pool=2, kv_tokens_per_pool=1e12, ttl_s=math.inf)
+    reps = {p: run(table, p, values, tight).records for p in ("carbonrouter-no-gate",
+                                                             "carbon-affinity")}
+    plain = clairvoyant_bound(table, CONFIG, make_signal(values))
+    assert all(len(capacity_rejected_sessions(r, plain)) == 0 for r in reps.values())
+    best = min(r["carbon_g"].sum() for r in reps.values())
+    priced = capacity_priced_bound(table, CONFIG, make_signal(values), tight, upper_g=best,
+                                   iterations=30)
+    lo = priced["plain_g"]
+    assert priced["bound_g"] <= best * (1 + 1e-9)
+    # at least half of the gap between the plain bound and the best replay is closed
+    assert priced["bound_g"] - lo >= 0.5 * (best - lo)
+
+
+def test_kv_memory_lifts_the_bound_where_caches_cannot_all_be_kept():
+    # Four overlapping sessions whose histories grow to 40K tokens, one region cleaner, KV
+    # memory for about one history per region: the plain bound keeps every cache, the priced
+    # bound must pay for recomputing most histories, and stays below the best replay.
+    from carbonrouter_lib.backend import BackendConfig
+
+    values = ci_grid(400, 100)
+    table = make_table([conversation(float(i), 5, new=8000, out=200, think=300.0)
+                        for i in range(4)])
+    small = BackendConfig(slots_per_pool=8, kv_tokens_per_pool=1.5e4, ttl_s=math.inf)
+    plain = clairvoyant_bound(table, CONFIG, make_signal(values))
+    reps = [run(table, p, values, small).records for p in POLICY_NAMES]
+    assert all(len(capacity_rejected_sessions(r, plain)) == 0 for r in reps)
+    best = min(r["carbon_g"].sum() for r in reps)
+    priced = capacity_priced_bound(table, CONFIG, make_signal(values), small, upper_g=best,
+                                   iterations=30)
+    lo = priced["plain_g"]
+    assert lo < best and priced["bound_g"] <= best * (1 + 1e-9)
+    assert priced["bound_g"] - lo >= 0.3 * (best - lo)
+    assert priced["history"]["kv_excess"].iloc[0] > 0.3  # the plain paths hold far too much

@@ -141,6 +141,28 @@ def test_bound_shares_are_the_bound_comparison_of_the_records(tmp_path):
         he.bound_shares(results, runs[runs.policy != "gar"], peak="unscaled", max_conversations=40)
 
 
+def test_bound_shares_with_the_capacity_priced_bound(tmp_path):
+    # The priced bound (slots, KV memory and TTL put back) lies between the plain bound and the
+    # best policy; every policy's share of its possible saving is at least its share of the
+    # plain bound's; a second call reads the cached bound.
+    from carbonrouter_lib import bound, sweep
+
+    st = dict(he.TUNED)
+    runs = he.grid([st], peak="unscaled", max_conversations=40)
+    results = sweep.run_sweep(list(runs["spec"]), cache_dir=tmp_path, serial=True, progress=False)
+    shares = he.bound_shares(results, runs, peak="unscaled", max_conversations=40, priced=True)
+    b, ttl, priced = (shares[c].iloc[0] for c in ("bound_kg", "ttl_bound_kg", "priced_bound_kg"))
+    assert b <= ttl <= priced <= shares["co2_kg"].min() * (1 + 1e-9)
+    gain = shares["share_of_possible_saving"] > 0
+    assert (shares.loc[gain, "share_of_priced_saving"]
+            >= shares.loc[gain, "share_of_possible_saving"] - 1e-12).all()
+    wcfg, scfg = he.setting(st, "unscaled", max_conversations=40)
+    pb = bound.ensure_priced_bound(wcfg, scfg, upper_g=1e3 * shares["co2_kg"].min())
+    assert pb["bound_g"] / 1e3 == pytest.approx(priced, rel=1e-12)
+    assert list(pb["history"].columns) == ["iteration", "bound_g", "slot_excess", "kv_excess",
+                                           "step"]
+
+
 def test_the_committed_bound_shares_follow_from_the_full_grid():
     # docs/evidence/horizon_full_bound.csv (he.bound_shares over the full grid's runs): the CO2 is
     # the table's, the share is (SA − policy) / (SA − bound), the bound is below every policy.
