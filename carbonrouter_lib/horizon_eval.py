@@ -28,7 +28,7 @@ from carbonrouter_lib.sweep import RunSpec
 
 __all__ = ["TARGET", "ONLINE", "VARIANTS", "NOISE", "TUNED", "SETTING", "GRIDS", "SCALE_GRIDS",
            "SCALE_BY", "setting", "grid", "grid_settings", "scale_grid", "table", "scale_table",
-           "verdicts", "variants_table", "bound_shares"]
+           "verdicts", "variants_table", "bound_shares", "first_turn_split"]
 
 #: The router evaluated (registry name; its defaults).
 TARGET = "carbonrouter-horizon"
@@ -237,7 +237,9 @@ def bound_shares(results: Mapping[str, Any], runs: pd.DataFrame, peak: int | str
     ``rejected_share``, ``held_out``. With ``priced``, also the bound with the replay's slots,
     KV memory and TTL put back (:func:`carbonrouter_lib.bound.ensure_priced_bound`, its step
     target the best policy's CO2; a few minutes per setting): ``priced_bound_kg``,
-    ``ttl_bound_kg`` (the TTL alone) and ``share_of_priced_saving``."""
+    ``ttl_bound_kg`` (the TTL alone), ``share_of_priced_saving``, and ``slot_excess_unpriced``
+    and ``kv_excess_unpriced``: the share of the unpriced paths' slot and KV memory use above
+    the replay's capacity (session-seconds, token-seconds; what the pricing has to undo)."""
     rows = []
     for st, g in runs.groupby(list(SETTING), sort=False):
         st = dict(zip(SETTING, st, strict=True))
@@ -255,7 +257,10 @@ def bound_shares(results: Mapping[str, Any], runs: pd.DataFrame, peak: int | str
         extra = {}
         if priced:
             pb = bound.ensure_priced_bound(*configs, upper_g=1e3 * min(sa, *co2.values()))
-            extra = {"priced_bound_kg": pb["bound_g"] / 1e3, "ttl_bound_kg": pb["ttl_g"] / 1e3}
+            zero = pb["history"].iloc[0]
+            extra = {"priced_bound_kg": pb["bound_g"] / 1e3, "ttl_bound_kg": pb["ttl_g"] / 1e3,
+                     "slot_excess_unpriced": float(zero["slot_excess"]),
+                     "kv_excess_unpriced": float(zero["kv_excess"])}
         tuned = all(st[k] == v for k, v in TUNED.items())
         for p in policies:
             share = bound.share_of_possible_saving(sa, co2[p], b_kg)
@@ -280,3 +285,35 @@ def variants_table(t: pd.DataFrame) -> pd.DataFrame:
     cols = [*SETTING, "held_out", "policy", "co2_rel", "saving_pct", "ci_low_pct", "ci_high_pct",
             "p95_ttft_s", "kv_hit_rate_tokens", "switches_per_session"]
     return sub[keep][cols].reset_index(drop=True)
+
+
+def first_turn_split(records_by_policy: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """Each policy's carbon and energy split between the sessions' first turns and their later
+    turns (records of the same sessions, one frame per policy).
+
+    A first turn has no cache, and Carbon-Affinity and CarbonRouter's proposal both send it to
+    the candidate of least estimated carbon, so their first turns differ only through the state
+    the earlier sessions left: which pools had a free slot, so which candidates were left. Where
+    CarbonRouter's first turns emit more than Carbon-Affinity's, it pays for the capacity its
+    later turns took in the clean regions (they crowd out the new sessions). The horizon router
+    also prices a first turn's expected successors, so its first turns differ by choice too.
+    Columns: ``policy``, ``co2_kg``, ``co2_first_kg``, ``co2_later_kg``,
+    ``energy_first_kwh``, ``energy_later_kwh``, ``recompute_energy_kwh``,
+    ``share_in_cleanest_first`` and ``share_in_cleanest_later`` (of the served queries),
+    ``switches_per_session``, ``first_turns`` (count)."""
+    rows = []
+    for name, r in records_by_policy.items():
+        first = r["turn"].to_numpy() == 0
+        served = ~r["rejected"].to_numpy()
+        carbon, energy = r["carbon_g"].to_numpy(), r["energy_kwh"].to_numpy()
+        clean = r["in_cleanest_region"].to_numpy()
+        rows.append({
+            "policy": name, "co2_kg": carbon.sum() / 1e3,
+            "co2_first_kg": carbon[first].sum() / 1e3, "co2_later_kg": carbon[~first].sum() / 1e3,
+            "energy_first_kwh": energy[first].sum(), "energy_later_kwh": energy[~first].sum(),
+            "recompute_energy_kwh": float(r["recompute_energy_kwh"].sum()),
+            "share_in_cleanest_first": clean[first & served].mean(),
+            "share_in_cleanest_later": clean[~first & served].mean(),
+            "switches_per_session": r["switched"].sum() / r["session"].nunique(),
+            "first_turns": int(first.sum())})
+    return pd.DataFrame(rows)

@@ -153,6 +153,8 @@ def test_bound_shares_with_the_capacity_priced_bound(tmp_path):
     shares = he.bound_shares(results, runs, peak="unscaled", max_conversations=40, priced=True)
     b, ttl, priced = (shares[c].iloc[0] for c in ("bound_kg", "ttl_bound_kg", "priced_bound_kg"))
     assert b <= ttl <= priced <= shares["co2_kg"].min() * (1 + 1e-9)
+    excess = shares[["slot_excess_unpriced", "kv_excess_unpriced"]].to_numpy()
+    assert ((excess >= 0) & (excess < 1)).all() and (excess == excess[0]).all()
     gain = shares["share_of_possible_saving"] > 0
     assert (shares.loc[gain, "share_of_priced_saving"]
             >= shares.loc[gain, "share_of_possible_saving"] - 1e-12).all()
@@ -161,6 +163,7 @@ def test_bound_shares_with_the_capacity_priced_bound(tmp_path):
     assert pb["bound_g"] / 1e3 == pytest.approx(priced, rel=1e-12)
     assert list(pb["history"].columns) == ["iteration", "bound_g", "slot_excess", "kv_excess",
                                            "step"]
+    assert pb["history"]["slot_excess"].iloc[0] == shares["slot_excess_unpriced"].iloc[0]
 
 
 def test_the_committed_bound_shares_follow_from_the_full_grid():
@@ -176,3 +179,90 @@ def test_the_committed_bound_shares_follow_from_the_full_grid():
         ((sa - m["co2_kg"]) / (sa - m["bound_kg"])).to_numpy(), rel=1e-12)
     assert (m["bound_kg"] < m["co2_kg"]).all() and (m["rejected_share"] < 1e-3).all()
     assert b.loc[~b["held_out"], [*he.SETTING]].drop_duplicates().to_dict("records") == [he.TUNED]
+
+
+def test_the_committed_priced_bounds_follow_from_the_full_grid():
+    # docs/evidence/horizon_priced_bound.csv (docs/evidence/priced_bound.py, the extended grid):
+    # its CO2 and plain bound are the full grid's; each capacity put back can only raise a
+    # lower bound that stays below every policy; the shares are (SA − policy) / (SA − bound).
+    p = pd.read_csv(EVIDENCE / "horizon_priced_bound.csv")
+    full = pd.read_csv(EVIDENCE / "horizon_full_bound.csv")
+    m = p.merge(full, on=[*he.SETTING, "policy"], suffixes=("", "_full"))
+    settings, _ = he.grid_settings("extended")
+    assert len(m) == len(p) == len(settings) * (len(he.ONLINE) + 1)
+    for col in ("co2_kg", "bound_kg", "session_affinity_kg"):
+        assert m[col].to_numpy() == pytest.approx(m[f"{col}_full"].to_numpy(), rel=1e-9)
+    assert (p["bound_kg"] <= p["ttl_bound_kg"] + 1e-9).all()
+    assert (p["ttl_bound_kg"] <= p["priced_bound_kg"] + 1e-9).all()
+    assert (p["priced_bound_kg"] < p["co2_kg"]).all()
+    sa = p["session_affinity_kg"]
+    assert p["share_of_priced_saving"].to_numpy() == pytest.approx(
+        ((sa - p["co2_kg"]) / (sa - p["priced_bound_kg"])).to_numpy(), rel=1e-12)
+    # what docs/model.md says of it: pricing capacity raises the bound by a few percent only
+    lift = p.groupby(list(he.SETTING))["priced_bound_kg"].first() / p.groupby(
+        list(he.SETTING))["bound_kg"].first()
+    assert (lift > 1.0).all() and (lift < 1.05).all()
+    # ... though the unpriced paths overrun the pools' slots by more than half of their use
+    excess = p.groupby(list(he.SETTING))[["slot_excess_unpriced", "kv_excess_unpriced"]].first()
+    assert (excess["slot_excess_unpriced"] > 0.5).all()
+
+
+def test_first_turns_differ_only_through_the_capacity_left():
+    # Carbon-Affinity and CarbonRouter's proposal send a first turn (no cache) to the same
+    # candidate: with a slot for every session their first turns are identical; with the
+    # paper's one slot per pool the switches of CarbonRouter's later turns change them. The
+    # split adds up to the replay's totals.
+    import dataclasses
+
+    from carbonrouter_lib import metrics, prepared, simulator
+    from carbonrouter_lib import setting as settings_
+
+    cfg = prepared.WorkloadConfig(dataset="mooncake", max_conversations=150, seed=2)
+    table = prepared.prepare_workload(prepared.with_copies(cfg, 6), use_cache=False)
+    sim = settings_.SimulationConfig(regions=("GB", "BE"))
+    tight = settings_.backend_config(table, sim)
+    assert tight.slots_per_pool == 1
+    for backend, same in ((dataclasses.replace(tight, slots_per_pool=10_000), True),
+                          (tight, False)):
+        recs = {p: simulator.simulate(table, p, sim, backend=backend).records
+                for p in ("carbon-affinity", "carbonrouter-no-gate")}
+        first = [r[r["turn"] == 0].sort_values("session")[["deployment", "carbon_g"]]
+                 .reset_index(drop=True) for r in recs.values()]
+        assert first[0].equals(first[1]) is same
+        split = he.first_turn_split(recs).set_index("policy")
+        for p, r in recs.items():
+            summary = metrics.summarize(r)
+            assert split.loc[p, "co2_first_kg"] + split.loc[p, "co2_later_kg"] == pytest.approx(
+                summary["total_co2_kg"], rel=1e-12)
+            assert split.loc[p, "energy_first_kwh"] + split.loc[p, "energy_later_kwh"] == (
+                pytest.approx(summary["total_energy_kwh"], rel=1e-12))
+            assert split.loc[p, "switches_per_session"] == summary["switches_per_session"]
+            assert split.loc[p, "first_turns"] == summary["n_sessions"] == 900
+
+
+def test_the_committed_first_turn_split_follows_from_the_full_grid():
+    # docs/evidence/horizon_first_turns.csv (docs/evidence/first_turns.py, the extended grid):
+    # its totals are the full grid's, its parts add up to them, and what docs/model.md says:
+    # CarbonRouter's first turns emit more than Carbon-Affinity's in every setting, and on the
+    # Mooncake trace the horizon router's loss to Carbon-Affinity is all in its first turns.
+    f = pd.read_csv(EVIDENCE / "horizon_first_turns.csv")
+    t = pd.read_csv(EVIDENCE / "horizon_full_table.csv")
+    m = f.merge(t[[*he.SETTING, "policy", "total_co2_kg", "switches_per_session"]],
+                on=[*he.SETTING, "policy"], suffixes=("", "_full"))
+    settings, _ = he.grid_settings("extended")
+    assert len(m) == len(f) == len(settings) * 5
+    assert m["co2_kg"].to_numpy() == pytest.approx(m["total_co2_kg"].to_numpy(), rel=1e-9)
+    assert m["switches_per_session"].to_numpy() == pytest.approx(
+        m["switches_per_session_full"].to_numpy(), rel=1e-12)
+    assert (m["co2_first_kg"] + m["co2_later_kg"]).to_numpy() == pytest.approx(
+        m["co2_kg"].to_numpy(), rel=1e-9)
+    by = f.set_index([*he.SETTING, "policy"])
+    ca = by.xs("carbon-affinity", level="policy")
+    cr = by.xs("carbonrouter-no-gate", level="policy")
+    horizon = by.xs(he.TARGET, level="policy")
+    assert (cr["co2_first_kg"] > ca["co2_first_kg"]).all()
+    assert (cr["share_in_cleanest_first"] < ca["share_in_cleanest_first"]).all()
+    mooncake = ca.index.get_level_values("dataset") == "mooncake"
+    assert (horizon["co2_later_kg"] < ca["co2_later_kg"])[mooncake].all()
+    assert (horizon["co2_kg"] > ca["co2_kg"])[mooncake].all()
+
