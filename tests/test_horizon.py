@@ -155,10 +155,69 @@ def test_parameters_are_validated_and_recorded():
     p = make_policy("carbonrouter-horizon", horizon=4, forecast="persistence")
     assert p.params()["horizon"] == 4 and p.needs_model
     for bad in ({"horizon": -1}, {"forecast": "oracle"}, {"continuation": 1.5},
-                {"cache_survival": 1}, {"smoothing": 0}):
+                {"cache_survival": 1}, {"smoothing": 0}, {"slot_price": 1},
+                {"slot_price": True, "horizon": 0}, {"slot_smoothing": 0},
+                {"slot_smoothing": 1.5}):
         with pytest.raises(ValueError):
             HorizonRouter(**bad)
     assert not HorizonRouter(horizon=0).needs_model
+    # the slot price is recorded only when on: the runs without it keep their keys
+    assert "slot_price" not in HorizonRouter().params()
+    assert HorizonRouter(slot_price=True, slot_smoothing=0.1).params() | {
+        "slot_price": True, "slot_smoothing": 0.1} == HorizonRouter(
+        slot_price=True, slot_smoothing=0.1).params()
+
+
+def _slot_table():
+    cfg = prepared.WorkloadConfig(dataset="mooncake", max_conversations=150, seed=2)
+    table = prepared.prepare_workload(prepared.with_copies(cfg, 6), use_cache=False)
+    sim = setting.SimulationConfig(regions=("GB", "BE"))
+    return table, sim, fit_horizon_model(table, horizon=16)
+
+
+def test_the_slot_price_is_zero_until_a_first_turn_is_displaced():
+    # With a slot for every session no first turn finds its best pool full: the slot-priced
+    # router makes the plain router's every decision (in the Python loop; the plain one in the
+    # compiled loop). With the paper's one slot per pool first turns are displaced, the price
+    # of the displacing pools rises and decisions change; replays are deterministic.
+    import dataclasses
+
+    table, sim, model = _slot_table()
+    tight = setting.backend_config(table, sim)
+    ample = dataclasses.replace(tight, slots_per_pool=10_000)
+    priced = HorizonRouter(slot_price=True, model=model)
+    assert priced.compiled(None) is None
+    a = simulator.simulate(table, HorizonRouter(model=model), sim, backend=ample).records
+    b = simulator.simulate(table, priced, sim, backend=ample).records
+    pd.testing.assert_frame_equal(a[DECISION_COLUMNS], b[DECISION_COLUMNS])
+    assert not priced._bound.displaced.any() and priced._bound.first_rate > 0
+    plain = simulator.simulate(table, HorizonRouter(model=model), sim, backend=tight).records
+    priced = HorizonRouter(slot_price=True, model=model)
+    c = simulator.simulate(table, priced, sim, backend=tight).records
+    st = priced._bound
+    assert st.displaced.max() > 0 and st.gap.max() > 0
+    assert not plain["deployment"].equals(c["deployment"])
+    again = simulator.simulate(table, HorizonRouter(slot_price=True, model=model), sim,
+                               backend=tight).records
+    pd.testing.assert_frame_equal(c, again)
+
+
+def test_the_slot_price_learns_only_from_the_past():
+    # Dropping the sessions that start after a cut changes no decision made before it: the
+    # price reads only first turns already dispatched.
+    table, sim, model = _slot_table()
+    backend = setting.backend_config(table, sim)
+    starts = table.groupby("session")["arrival_s"].transform("min")
+    cut = float(np.quantile(table.loc[table["turn"] == 0, "arrival_s"], 0.6))
+    early = table[starts < cut].reset_index(drop=True)
+    a = simulator.simulate(table, HorizonRouter(slot_price=True, model=model), sim,
+                           backend=backend).records
+    b = simulator.simulate(early, HorizonRouter(slot_price=True, model=model), sim,
+                           backend=backend).records
+    before_a, before_b = a[a["dispatch_s"] < cut], b[b["dispatch_s"] < cut]
+    assert len(before_a) > 100 and len(a) > len(b)
+    pd.testing.assert_frame_equal(before_a[DECISION_COLUMNS].reset_index(drop=True),
+                                  before_b[DECISION_COLUMNS].reset_index(drop=True))
 
 
 def test_forecast_noise_is_seeded_mean_preserving_and_only_noise():

@@ -266,3 +266,25 @@ def test_the_committed_first_turn_split_follows_from_the_full_grid():
     assert (horizon["co2_later_kg"] < ca["co2_later_kg"])[mooncake].all()
     assert (horizon["co2_kg"] > ca["co2_kg"])[mooncake].all()
 
+
+def test_the_committed_slot_price_tables_follow_from_their_runs():
+    # docs/evidence/horizon_slot_price_*.csv (docs/evidence/slot_price.py, the extended grid):
+    # the verdicts follow from the table; every other policy's CO2 — the plain horizon router's
+    # included — is the full grid's; the bound shares are (SA − policy) / (SA − bound).
+    t = pd.read_csv(EVIDENCE / "horizon_slot_price_table.csv")
+    v = pd.read_csv(EVIDENCE / "horizon_slot_price_verdicts.csv")
+    b = pd.read_csv(EVIDENCE / "horizon_slot_price_bound.csv")
+    pd.testing.assert_frame_equal(he.verdicts(t).reset_index(drop=True), v, check_dtype=False)
+    full = pd.read_csv(EVIDENCE / "horizon_full_table.csv")
+    plain = "carbonrouter-horizon w/o slot price"
+    others = t[t["policy"] != he.TARGET].replace({"policy": {plain: he.TARGET}})
+    m = others.merge(full[[*he.SETTING, "policy", "total_co2_kg"]], on=[*he.SETTING, "policy"],
+                     suffixes=("", "_full"))
+    settings, _ = he.grid_settings("extended")
+    assert len(m) == len(others) == len(settings) * (len(he.ONLINE) + 1)
+    assert m["total_co2_kg"].to_numpy() == pytest.approx(m["total_co2_kg_full"].to_numpy(),
+                                                         rel=1e-9)
+    sa = b["session_affinity_kg"]
+    assert b["share_of_possible_saving"].to_numpy() == pytest.approx(
+        ((sa - b["co2_kg"]) / (sa - b["bound_kg"])).to_numpy(), rel=1e-12)
+    assert (b["bound_kg"] < b["co2_kg"]).all()

@@ -614,6 +614,8 @@ class Candidates:
         Eq. 6 with the real L(a), s.
     ok : ndarray of bool (n,)
         Available ∧ quality-feasible model ∧ context fits (every constraint but TTFT).
+    ok_if_free : ndarray of bool (n,)
+        Quality-feasible model ∧ context fits: ``ok`` had every pool a free slot.
     mask : ndarray of bool (n,)
         The candidate set policies choose from: ``ok`` ∧ TTFT ≤ D_TTFT, or in best-effort the
         ``ok`` deployments with the minimum TTFT; all False when rejected.
@@ -653,6 +655,12 @@ class Candidates:
             self._views = tuple(x.reshape(n_r, -1) for x in (
                 self.mask, self._ok, self._energy, self._energy_base, self._carbon,
                 self._carbon_base))
+
+    @property
+    def ok_if_free(self) -> np.ndarray:
+        """``ok`` whatever the backend's state: the deployments with a quality-feasible model
+        whose context fits, whether or not their pool has a free slot now (read-only)."""
+        return self._ok_row
 
     @property
     def ok(self) -> np.ndarray:

@@ -37,11 +37,25 @@ False`` (q = 1). ``release=True`` is a variant that needs the backend: when a tu
 session's previous deployment it asks the backend to drop the cache left there (it would only
 crowd other sessions' caches), via :meth:`Policy.released`.
 
+``slot_price=True`` is a variant that prices the session slot a choice takes from the next
+sessions (docs/model.md §11.4a): a session holds its (region, GPU) pool's slot until it ends, and
+a full clean pool sends new sessions elsewhere. At every first turn the router observes the
+displacement g = Ĉ(greedy choice among the available) − Ĉ(least-carbon feasible deployment) when
+that deployment's pool p is full (0 otherwise), and keeps per pool an average over first turns
+m_p (smoothing ``slot_smoothing``), the mean displacement ḡ_p of the displaced ones and the rate
+Λ of first turns (1/s). A slot of p is worth π_p = min(m_p·Λ, ḡ_p / D̄) gCO2e per second — the
+displacement it would absorb, at most one displaced session per session duration D̄ = τ·(½ +
+Σ_j S_0(j)). A candidate a then costs H(a) + π_{p(a)}·T_k, with T_k = τ·(½ + Σ_j S_k(j)) the
+session's expected remaining time, unless p(a) is the pool the session holds (then 0); leaving
+that pool b frees its slot, so a switch pays (π_{p(a)} − π_b)·T_k. It reads only past first
+turns, and runs in the Python loop (no compiled rule).
+
 Units: gCO2e, kWh, tokens, seconds, gCO2e/kWh.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -193,6 +207,11 @@ class HorizonRouter(Policy):
         ``noise_seed`` — the forecast-error sensitivity. Default 0 (the forecast as made).
     noise_seed : int
         Seed of those draws.
+    slot_price : bool
+        Variant: price the session slot a choice takes from the next sessions (module
+        docstring). Replays in the Python loop.
+    slot_smoothing : float
+        Weight of a new first turn in the slot price's averages, in (0, 1]. Default 0.01.
     """
 
     name = "carbonrouter-horizon"
@@ -201,7 +220,8 @@ class HorizonRouter(Policy):
                  model_stickiness: bool = True, release: bool = False, smoothing: float = 0.05,
                  continuation: float | str = "online",
                  model: HorizonModel | str = LEARNED, forecast_noise: float = 0.0,
-                 noise_seed: int = 0) -> None:
+                 noise_seed: int = 0, slot_price: bool = False,
+                 slot_smoothing: float = 0.01) -> None:
         from carbonrouter_lib.forecast import FORECASTERS
 
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
@@ -211,11 +231,16 @@ class HorizonRouter(Policy):
                              f"got {forecast!r}")
         for name, v in (("cache_survival", cache_survival), ("model_stickiness",
                                                              model_stickiness),
-                        ("release", release)):
+                        ("release", release), ("slot_price", slot_price)):
             if not isinstance(v, bool):
                 raise ValueError(f"HorizonRouter.{name} must be a bool, got {v!r}")
-        if not 0 < smoothing <= 1:
-            raise ValueError(f"HorizonRouter.smoothing must be in (0, 1], got {smoothing!r}")
+        for name, v in (("smoothing", smoothing), ("slot_smoothing", slot_smoothing)):
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1:
+                raise ValueError(f"HorizonRouter.{name} must be in (0, 1], got {v!r}")
+        if slot_price and horizon == 0:
+            raise ValueError("HorizonRouter.slot_price needs horizon ≥ 1 (it prices the "
+                             "session's remaining time from the survival of its length)")
+        self.slot_price, self.slot_smoothing = slot_price, float(slot_smoothing)
         if not (continuation == "online" or (isinstance(continuation, int | float)
                                               and not isinstance(continuation, bool)
                                               and 0 <= continuation <= 1)):
@@ -256,12 +281,16 @@ class HorizonRouter(Policy):
         self._bound = None
 
     def params(self) -> dict:
-        return {"horizon": self.horizon, "forecast": self.forecast,
-                "continuation": self.continuation,
-                "cache_survival": self.cache_survival,
-                "model_stickiness": self.model_stickiness, "release": self.release,
-                "smoothing": self.smoothing, "forecast_noise": self.forecast_noise,
-                "noise_seed": self.noise_seed}
+        p = {"horizon": self.horizon, "forecast": self.forecast,
+             "continuation": self.continuation,
+             "cache_survival": self.cache_survival,
+             "model_stickiness": self.model_stickiness, "release": self.release,
+             "smoothing": self.smoothing, "forecast_noise": self.forecast_noise,
+             "noise_seed": self.noise_seed}
+        if self.slot_price:
+            # only when on, so the keys of every run without it stay as they were
+            p |= {"slot_price": True, "slot_smoothing": self.slot_smoothing}
+        return p
 
     # ---- per-run state ----------------------------------------------------------------------
 
@@ -289,6 +318,10 @@ class HorizonRouter(Policy):
         state.kv_pool = np.asarray(state.kv_pool, np.int64)
         state.other_models = ~np.eye(len(d.models), dtype=bool)
         state.future, state.miss = np.zeros(d.n), np.zeros(d.n)
+        state.pool = np.asarray(d.pool, np.int64)
+        state.displaced = np.zeros(d.n_pools)  # m_p, gCO2e per first turn
+        state.gap = np.zeros(d.n_pools)  # ḡ_p, gCO2e per displaced first turn
+        state.first_rate, state.last_first_s = 0.0, math.nan
         state.work = np.empty(2 * len(d.regions) + 2 * len(d.models))
         return state
 
@@ -319,12 +352,48 @@ class HorizonRouter(Policy):
             post, model.new_tokens[f], model.out_tokens[f], model.stay_feasible[f], st.e_in,
             st.e_cache, st.e_out, st.region, st.model, st.kv_pool, st.keep,
             st.other_models.shape[0], self.cache_survival, self.model_stickiness)
+        if self.slot_price:
+            return cand.argmin(cand.carbon + st.future + self._slot_prices(ctx, cand, st, f, k))
         return cand.argmin(cand.carbon + st.future)
+
+    def _slot_prices(self, ctx: QueryContext, cand: Candidates, st: _RunState, f: int,
+                     k: int) -> np.ndarray:
+        """π_{p(a)}·T_k per deployment (minus the held pool's π_b·T_k on a switch), gCO2e, after
+        observing this query's displacement if it is a session's first turn."""
+        model, carbon, s = self.model, cand.carbon, self.slot_smoothing
+        first = ctx.prev < 0
+        if first:
+            fits = cand.ok_if_free
+            if fits.any():
+                best = int(np.flatnonzero(fits)[np.argmin(carbon[fits])])
+                g = 0.0
+                if not ctx.available[best] and cand.mask.any():
+                    g = max(float(carbon[cand.argmin(carbon)] - carbon[best]), 0.0)
+                p = st.pool[best]
+                st.displaced *= 1.0 - s
+                st.displaced[p] += s * g
+                if g > 0:
+                    st.gap[p] = g if st.gap[p] == 0 else st.gap[p] + s * (g - st.gap[p])
+            if not math.isnan(st.last_first_s):
+                rate = 1.0 / max(ctx.time_s - st.last_first_s, 1e-3)
+                st.first_rate = rate if st.first_rate == 0 else (
+                    st.first_rate + s * (rate - st.first_rate))
+            st.last_first_s = ctx.time_s
+        tau = float(model.gap_s[f])
+        sessions_s = tau * (0.5 + float(model.survival[f, 0, :self.horizon].sum()))
+        remaining_s = tau * (0.5 + float(model.survival[f, k, :self.horizon].sum()))
+        pi = np.minimum(st.displaced * st.first_rate, st.gap / max(sessions_s, 1.0))
+        price = pi[st.pool] * remaining_s
+        if not first:
+            held = st.pool[ctx.prev]
+            price -= pi[held] * remaining_s
+            price[st.pool == held] = 0.0
+        return price
 
     def compiled(self, info: kernel.ReplayInfo) -> dict | None:
         """The compiled rule (:mod:`carbonrouter_lib.kernel`), with the forecasts of every
         grid row of ``info.span_s`` and fold precomputed; None for a subclass."""
-        if type(self) is not HorizonRouter:
+        if type(self) is not HorizonRouter or self.slot_price:
             return None
         if self.horizon == 0:
             return kernel.rule(self.name)
