@@ -63,13 +63,17 @@ REGIONS = {
 }
 SESSIONS = (1000, 3000, None)  # None: all
 TARGET_POLICIES = ("faircarbon", "carbonrouter", "carbonrouter-no-gate")
+#: Variants timed beside the registry's policies in (a): label → (policy, parameters).
+VARIANTS = {"carbonrouter-horizon + slot price": ("carbonrouter-horizon", {"slot_price": True})}
 _GATES: dict[tuple, gate.LearnedGate] = {}
 
 
 def _policy(name: str, table: pd.DataFrame, config: setting.SimulationConfig,
             signal: CarbonSignal):
-    """A fresh policy; a learned gate is trained once per (workload, setting, pricing) here."""
-    policy = make_policy(name)
+    """A fresh policy (a registry name or a :data:`VARIANTS` label); a learned gate is trained
+    once per (workload, setting, pricing) here."""
+    base, params = VARIANTS.get(name, (name, {}))
+    policy = make_policy(base, **params)
     if getattr(policy, "needs_training", False):
         key = (id(table), config, policy.pricing)
         if key not in _GATES:
@@ -94,7 +98,7 @@ def decision_latency(table: pd.DataFrame, signal: CarbonSignal) -> list[dict]:
     can replay it (the compiled loop: the built-in policies)."""
     rows = []
     config = setting.SimulationConfig()
-    for name in POLICIES:
+    for name in (*POLICIES, *VARIANTS):
         for engine in ("python", "compiled"):
             try:
                 res = simulator.simulate(table, _policy(name, table, config, signal), config,

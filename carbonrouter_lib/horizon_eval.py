@@ -42,6 +42,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "w/o cache survival": {"cache_survival": False},
     "w/o model stickiness": {"model_stickiness": False},
     "+ cache release": {"release": True},
+    "+ slot price": {"slot_price": True},
 }
 #: Forecast-error sensitivity: σ of the log-normal error on every forecast value.
 NOISE: tuple[float, ...] = (0.1, 0.3, 0.6)

@@ -525,7 +525,7 @@ def _replay(
     f_left, f_right, f_feature, f_threshold, f_default_left, f_tree_start, f_n_trees, f_depth,
     f_base, g_kind, l_row, l_g, l_b, l_z, l_sw, l_st, l_n,
     h_j, h_online, h_rho, h_smoothing, h_cache_survival, h_stickiness, h_release, h_survival,
-    h_new, h_out, h_stay, h_keep0, h_fc, h_row0, h_fold,
+    h_new, h_out, h_stay, h_keep0, h_fc, h_row0, h_fold, h_slot, h_slot_s, h_surv_sum, h_tau,
     c_row, c_dep, c_disp, c_compl, c_cached, c_ttft, c_be, c_rej, c_switch, c_opp, c_block,
     counters, time_decisions, dec_cyc,
 ):
@@ -605,6 +605,13 @@ def _replay(
     e_unc = np.empty(block)
     h_keep = np.full(n_kv, h_keep0)
     h_stayed = 1.0
+    # the slot price (HorizonRouter.slot_price): displacement per first turn, mean nonzero
+    # displacement, price per pool; the rate of first turns and the last one's time
+    h_disp = np.zeros(n_pools)
+    h_gap = np.zeros(n_pools)
+    h_pi = np.zeros(n_pools)
+    h_rate = 0.0
+    h_last = math.nan
     cur_row = -1
     prev_served = np.full(n_sessions, -1, np.int64)
     served_on = np.full(n, -1, np.int32)
@@ -782,11 +789,56 @@ def _replay(
             for jh in range(n_hits):
                 b = hit_a[jh]
                 value[b] = de[b] * hit_miss[jh] + e_base[b % block]
-            lo = inf
-            for b in range(nd):
-                value[b] = ci[b] * value[b] + future[b]
-                if mask[b] and value[b] < lo:
-                    lo, a = value[b], b
+            if h_slot:
+                for b in range(nd):
+                    value[b] = ci[b] * value[b]  # Ĉ(a), as Candidates.carbon
+                if prev < 0:  # a first turn: was the least-carbon feasible pool full?
+                    nb = ok_all.shape[1]
+                    best, lo_c = -1, inf
+                    for b in range(nd):
+                        if ok_all[i, b % nb] and value[b] < lo_c:
+                            lo_c, best = value[b], b
+                    if best >= 0:
+                        g = 0.0
+                        if not avail[best]:
+                            lo_m = inf
+                            for b in range(nd):
+                                if mask[b] and value[b] < lo_m:
+                                    lo_m = value[b]
+                            if lo_m < inf:
+                                g = max(lo_m - lo_c, 0.0)
+                        pb = pool[best]
+                        for p in range(n_pools):
+                            h_disp[p] *= 1.0 - h_slot_s
+                        h_disp[pb] += h_slot_s * g
+                        if g > 0:
+                            h_gap[pb] = g if h_gap[pb] == 0 else h_gap[pb] + h_slot_s * (
+                                g - h_gap[pb])
+                    if not math.isnan(h_last):
+                        rate = 1.0 / max(t - h_last, 1e-3)
+                        h_rate = rate if h_rate == 0 else h_rate + h_slot_s * (rate - h_rate)
+                    h_last = t
+                tau = h_tau[fo]
+                sessions_s = tau * (0.5 + h_surv_sum[fo, 0])
+                remaining_s = tau * (0.5 + h_surv_sum[fo, kk])
+                for p in range(n_pools):
+                    h_pi[p] = min(h_disp[p] * h_rate, h_gap[p] / max(sessions_s, 1.0))
+                lo = inf
+                for b in range(nd):
+                    price = h_pi[pool[b]] * remaining_s
+                    if prev >= 0:
+                        price -= h_pi[pool[prev]] * remaining_s
+                        if pool[b] == pool[prev]:
+                            price = 0.0
+                    value[b] = value[b] + future[b] + price
+                    if mask[b] and value[b] < lo:
+                        lo, a = value[b], b
+            else:
+                lo = inf
+                for b in range(nd):
+                    value[b] = ci[b] * value[b] + future[b]
+                    if mask[b] and value[b] < lo:
+                        lo, a = value[b], b
             if a == -1:
                 for b in range(nd):
                     if mask[b]:
@@ -1066,7 +1118,8 @@ def rule(name: str, **params) -> dict:
                 h_stickiness=True, h_release=False, h_survival=np.zeros((1, 1, 1)),
                 h_new=np.zeros((1, 1)), h_out=np.zeros((1, 1)), h_stay=np.ones((1, 1)),
                 h_keep0=1.0, h_fc=np.zeros((1, 1, 1, 1)), h_row0=0,
-                h_fold=np.zeros(1, np.int64))
+                h_fold=np.zeros(1, np.int64), h_slot=False, h_slot_s=0.01,
+                h_surv_sum=np.zeros((1, 1)), h_tau=np.zeros(1))
     unknown = set(params) - set(spec)
     if unknown:
         raise ValueError(f"kernel.rule: unknown parameters {sorted(unknown)}")

@@ -177,23 +177,23 @@ def _slot_table():
 
 def test_the_slot_price_is_zero_until_a_first_turn_is_displaced():
     # With a slot for every session no first turn finds its best pool full: the slot-priced
-    # router makes the plain router's every decision (in the Python loop; the plain one in the
-    # compiled loop). With the paper's one slot per pool first turns are displaced, the price
-    # of the displacing pools rises and decisions change; replays are deterministic.
+    # router makes the plain router's every decision. With the paper's one slot per pool first
+    # turns are displaced, the price of the displacing pools rises and decisions change;
+    # replays are deterministic. (The Python loop, which keeps the state; test_kernel.py
+    # checks the compiled loop against it.)
     import dataclasses
 
     table, sim, model = _slot_table()
     tight = setting.backend_config(table, sim)
     ample = dataclasses.replace(tight, slots_per_pool=10_000)
     priced = HorizonRouter(slot_price=True, model=model)
-    assert priced.compiled(None) is None
     a = simulator.simulate(table, HorizonRouter(model=model), sim, backend=ample).records
-    b = simulator.simulate(table, priced, sim, backend=ample).records
+    b = simulator.simulate(table, priced, sim, backend=ample, engine="python").records
     pd.testing.assert_frame_equal(a[DECISION_COLUMNS], b[DECISION_COLUMNS])
     assert not priced._bound.displaced.any() and priced._bound.first_rate > 0
     plain = simulator.simulate(table, HorizonRouter(model=model), sim, backend=tight).records
     priced = HorizonRouter(slot_price=True, model=model)
-    c = simulator.simulate(table, priced, sim, backend=tight).records
+    c = simulator.simulate(table, priced, sim, backend=tight, engine="python").records
     st = priced._bound
     assert st.displaced.max() > 0 and st.gap.max() > 0
     assert not plain["deployment"].equals(c["deployment"])

@@ -48,7 +48,7 @@ displacement it would absorb, at most one displaced session per session duration
 Σ_j S_0(j)). A candidate a then costs H(a) + π_{p(a)}·T_k, with T_k = τ·(½ + Σ_j S_k(j)) the
 session's expected remaining time, unless p(a) is the pool the session holds (then 0); leaving
 that pool b frees its slot, so a switch pays (π_{p(a)} − π_b)·T_k. It reads only past first
-turns, and runs in the Python loop (no compiled rule).
+turns; both replay loops run it.
 
 Units: gCO2e, kWh, tokens, seconds, gCO2e/kWh.
 """
@@ -209,7 +209,7 @@ class HorizonRouter(Policy):
         Seed of those draws.
     slot_price : bool
         Variant: price the session slot a choice takes from the next sessions (module
-        docstring). Replays in the Python loop.
+        docstring).
     slot_smoothing : float
         Weight of a new first turn in the slot price's averages, in (0, 1]. Default 0.01.
     """
@@ -322,6 +322,7 @@ class HorizonRouter(Policy):
         state.displaced = np.zeros(d.n_pools)  # m_p, gCO2e per first turn
         state.gap = np.zeros(d.n_pools)  # ḡ_p, gCO2e per displaced first turn
         state.first_rate, state.last_first_s = 0.0, math.nan
+        state.surv_sum = None
         state.work = np.empty(2 * len(d.regions) + 2 * len(d.models))
         return state
 
@@ -379,9 +380,11 @@ class HorizonRouter(Policy):
                 st.first_rate = rate if st.first_rate == 0 else (
                     st.first_rate + s * (rate - st.first_rate))
             st.last_first_s = ctx.time_s
+        if st.surv_sum is None:
+            st.surv_sum = _survival_sums(model, self.horizon)
         tau = float(model.gap_s[f])
-        sessions_s = tau * (0.5 + float(model.survival[f, 0, :self.horizon].sum()))
-        remaining_s = tau * (0.5 + float(model.survival[f, k, :self.horizon].sum()))
+        sessions_s = tau * (0.5 + st.surv_sum[f, 0])
+        remaining_s = tau * (0.5 + st.surv_sum[f, k])
         pi = np.minimum(st.displaced * st.first_rate, st.gap / max(sessions_s, 1.0))
         price = pi[st.pool] * remaining_s
         if not first:
@@ -393,7 +396,7 @@ class HorizonRouter(Policy):
     def compiled(self, info: kernel.ReplayInfo) -> dict | None:
         """The compiled rule (:mod:`carbonrouter_lib.kernel`), with the forecasts of every
         grid row of ``info.span_s`` and fold precomputed; None for a subclass."""
-        if type(self) is not HorizonRouter or self.slot_price:
+        if type(self) is not HorizonRouter:
             return None
         if self.horizon == 0:
             return kernel.rule(self.name)
@@ -428,7 +431,9 @@ class HorizonRouter(Policy):
             h_stay=np.ascontiguousarray(model.stay_feasible, np.float64),
             h_keep0=float(model.keep_prior.mean()), h_fc=fc, h_row0=int(row0),
             h_fold=conversation_folds(info.conversations, model.folds, model.seed).astype(
-                np.int64))
+                np.int64), h_slot=self.slot_price, h_slot_s=self.slot_smoothing,
+            h_surv_sum=_survival_sums(model, self.horizon),
+            h_tau=np.ascontiguousarray(model.gap_s, np.float64))
 
     def on_served(self, ctx: QueryContext, a: int) -> None:
         st = self._bound
@@ -481,6 +486,12 @@ class _RunState:
                 fc = fc * forecast_error(sigma, seed, row, fold, fc.shape)
             self._fc[key] = fc
         return fc
+
+
+def _survival_sums(model: HorizonModel, horizon: int) -> np.ndarray:
+    """Σ_{j=1..J} S_k(j) per (fold, k): the expected number of the session's turns after turn
+    k (the slot price's remaining time, in gaps τ); one array for both replay loops."""
+    return np.ascontiguousarray(model.survival[:, :, :horizon].sum(axis=2), np.float64)
 
 
 def forecast_error(sigma: float, seed: int, row: int, fold: int,

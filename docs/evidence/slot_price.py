@@ -8,8 +8,8 @@ bound's possible saving, :func:`~carbonrouter_lib.horizon_eval.bound_shares`).
 
 Nothing of the slot price was tuned: its smoothing (0.01) and its unit scale were set before
 any setting was replayed with it; the tuned setting (``horizon_eval.TUNED``) is the horizon
-router's. The slot-priced router replays in the Python loop (about 1–2 minutes per ShareGPT
-setting, 4–5 per Mooncake one); the other runs come from the sweep cache. Run from the
+router's. The slot-priced runs take seconds each in the compiled loop; the other runs come from
+the sweep cache. Run from the
 repository root: ``.venv/bin/python docs/evidence/slot_price.py [grid]``.
 """
 
