@@ -10,7 +10,8 @@ Nothing of the slot price was tuned: its smoothing (0.01) and its unit scale wer
 any setting was replayed with it; the tuned setting (``horizon_eval.TUNED``) is the horizon
 router's. The slot-priced runs take seconds each in the compiled loop; the other runs come from
 the sweep cache. Run from the
-repository root: ``.venv/bin/python docs/evidence/slot_price.py [grid]``.
+repository root: ``.venv/bin/python docs/evidence/slot_price.py [grid]`` (a grid of notebook 09, or
+``mooncake``: :data:`EXTRA`).
 """
 
 from __future__ import annotations
@@ -48,16 +49,23 @@ def _save(frame: pd.DataFrame, name: str) -> None:
     tmp.replace(HERE / f"{name}.csv")
 
 
+#: Beyond the grids of notebook 09: the Mooncake trace in the paper's regions, both memory rules,
+#: the four seasons (``mooncake``; its tables are ``horizon_slot_price_mooncake_*.csv``).
+EXTRA = {"mooncake": [st for st in he.grid_settings("full")[0]
+                      if st["dataset"] == "mooncake" and st["region_set"] == "paper"]}
+
+
 def main(grid: str) -> None:
-    settings, _ = he.grid_settings(grid)
+    settings = EXTRA[grid] if grid in EXTRA else he.grid_settings(grid)[0]
+    suffix = "" if grid == "extended" else f"_{grid}"
     runs = runs_with_slot_price(settings)
     results = sweep.run_sweep(list(runs["spec"]))
     t = he.table(results, runs)
     v = he.verdicts(t)
     shares = he.bound_shares(results, runs, policies=(*he.ONLINE, PLAIN, he.TARGET))
-    _save(t, "horizon_slot_price_table")
-    _save(v, "horizon_slot_price_verdicts")
-    _save(shares, "horizon_slot_price_bound")
+    _save(t, f"horizon_slot_price{suffix}_table")
+    _save(v, f"horizon_slot_price{suffix}_verdicts")
+    _save(shares, f"horizon_slot_price{suffix}_bound")
     print(v.round(3).to_string())
     print(shares.pivot_table(index=list(he.SETTING), columns="policy", sort=False,
                              values="share_of_possible_saving").round(3).to_string())
