@@ -48,7 +48,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from carbonrouter_lib import gate, prepared, setting, simulator  # noqa: E402
+from carbonrouter_lib import gate, horizon_eval, prepared, setting, simulator  # noqa: E402
 from carbonrouter_lib.build import build_policy  # noqa: E402
 from carbonrouter_lib.carbon import REGION_SETS, CarbonConfig, CarbonSignal  # noqa: E402
 from carbonrouter_lib.outputs import save_table  # noqa: E402
@@ -64,7 +64,8 @@ REGIONS = {
 SESSIONS = (1000, 3000, None)  # None: all
 TARGET_POLICIES = ("faircarbon", "carbonrouter", "carbonrouter-no-gate")
 #: Variants timed beside the registry's policies in (a): label → (policy, parameters).
-VARIANTS = {"carbonrouter-horizon + slot price": ("carbonrouter-horizon", {"slot_price": True})}
+VARIANTS = {f"{horizon_eval.TARGET} + slot price": (horizon_eval.TARGET,
+                                                    horizon_eval.VARIANTS["+ slot price"])}
 _GATES: dict[tuple, gate.LearnedGate] = {}
 
 

@@ -46,7 +46,7 @@ from numba.extending import intrinsic
 from numba.typed import List
 
 __all__ = ["CODES", "COUNTERS", "GATE_KINDS", "TIMES_DECISIONS", "ReplayInfo", "cycles",
-           "horizon_future", "replay", "rule"]
+           "horizon_future", "slot_prices", "replay", "rule"]
 
 #: Policy codes of the compiled decision rules.
 CODES = {"session-affinity": 0, "carbon-affinity": 1, "faircarbon": 2, "gar": 3,
@@ -304,6 +304,51 @@ def horizon_future(future, miss, work, surv, rho, fc, post_m, new_m, out_m, stay
         for d in range(len(future)):
             q = stay_m[model[d]]
             future[d] = q * future[d] + (1 - q) * move[model[d]]
+
+
+@njit(cache=True)
+def slot_prices(price, pi, displaced, gap, clock, carbon, fits, n_fits, available, mask, pool,
+                prev, t, smoothing, sessions_s, remaining_s):
+    """The horizon router's slot price (:mod:`carbonrouter_lib.policies.horizon`), gCO2e per
+    deployment, written to ``price`` (n,) (``pi``: scratch (pools,)). At a first turn
+    (``prev`` < 0) it first observes the displacement — ``carbon`` (Ĉ per deployment) of the
+    least among ``mask`` minus the least among the feasible deployments (``fits[b % n_fits]``),
+    when that one is not ``available`` — into the per-pool averages ``displaced`` and ``gap``
+    and the first turns' rate and last time ``clock`` = [rate 1/s, time s]; ``t`` is the
+    dispatch time, s. Shared by the Python policy and the compiled loop."""
+    nd = len(carbon)
+    if prev < 0:
+        best, lo_c = -1, np.inf
+        for b in range(nd):
+            if fits[b % n_fits] and carbon[b] < lo_c:
+                lo_c, best = carbon[b], b
+        if best >= 0:
+            g = 0.0
+            if not available[best]:
+                lo_m = np.inf
+                for b in range(nd):
+                    if mask[b] and carbon[b] < lo_m:
+                        lo_m = carbon[b]
+                if lo_m < np.inf:
+                    g = max(lo_m - lo_c, 0.0)
+            pb = pool[best]
+            for p in range(len(displaced)):
+                displaced[p] *= 1.0 - smoothing
+            displaced[pb] += smoothing * g
+            if g > 0:
+                gap[pb] = g if gap[pb] == 0 else gap[pb] + smoothing * (g - gap[pb])
+        if not math.isnan(clock[1]):
+            rate = 1.0 / max(t - clock[1], 1e-3)
+            clock[0] = rate if clock[0] == 0 else clock[0] + smoothing * (rate - clock[0])
+        clock[1] = t
+    for p in range(len(pi)):
+        pi[p] = min(displaced[p] * clock[0], gap[p] / max(sessions_s, 1.0))
+    for b in range(nd):
+        price[b] = pi[pool[b]] * remaining_s
+        if prev >= 0:
+            price[b] -= pi[pool[prev]] * remaining_s
+            if pool[b] == pool[prev]:
+                price[b] = 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -610,8 +655,8 @@ def _replay(
     h_disp = np.zeros(n_pools)
     h_gap = np.zeros(n_pools)
     h_pi = np.zeros(n_pools)
-    h_rate = 0.0
-    h_last = math.nan
+    h_clock = np.array([0.0, math.nan])
+    h_price = np.zeros(nd)
     cur_row = -1
     prev_served = np.full(n_sessions, -1, np.int64)
     served_on = np.full(n, -1, np.int32)
@@ -789,56 +834,20 @@ def _replay(
             for jh in range(n_hits):
                 b = hit_a[jh]
                 value[b] = de[b] * hit_miss[jh] + e_base[b % block]
+            for b in range(nd):
+                value[b] = ci[b] * value[b]  # Ĉ(a), as Candidates.carbon
             if h_slot:
-                for b in range(nd):
-                    value[b] = ci[b] * value[b]  # Ĉ(a), as Candidates.carbon
-                if prev < 0:  # a first turn: was the least-carbon feasible pool full?
-                    nb = ok_all.shape[1]
-                    best, lo_c = -1, inf
-                    for b in range(nd):
-                        if ok_all[i, b % nb] and value[b] < lo_c:
-                            lo_c, best = value[b], b
-                    if best >= 0:
-                        g = 0.0
-                        if not avail[best]:
-                            lo_m = inf
-                            for b in range(nd):
-                                if mask[b] and value[b] < lo_m:
-                                    lo_m = value[b]
-                            if lo_m < inf:
-                                g = max(lo_m - lo_c, 0.0)
-                        pb = pool[best]
-                        for p in range(n_pools):
-                            h_disp[p] *= 1.0 - h_slot_s
-                        h_disp[pb] += h_slot_s * g
-                        if g > 0:
-                            h_gap[pb] = g if h_gap[pb] == 0 else h_gap[pb] + h_slot_s * (
-                                g - h_gap[pb])
-                    if not math.isnan(h_last):
-                        rate = 1.0 / max(t - h_last, 1e-3)
-                        h_rate = rate if h_rate == 0 else h_rate + h_slot_s * (rate - h_rate)
-                    h_last = t
-                tau = h_tau[fo]
-                sessions_s = tau * (0.5 + h_surv_sum[fo, 0])
-                remaining_s = tau * (0.5 + h_surv_sum[fo, kk])
-                for p in range(n_pools):
-                    h_pi[p] = min(h_disp[p] * h_rate, h_gap[p] / max(sessions_s, 1.0))
-                lo = inf
-                for b in range(nd):
-                    price = h_pi[pool[b]] * remaining_s
-                    if prev >= 0:
-                        price -= h_pi[pool[prev]] * remaining_s
-                        if pool[b] == pool[prev]:
-                            price = 0.0
-                    value[b] = value[b] + future[b] + price
-                    if mask[b] and value[b] < lo:
-                        lo, a = value[b], b
-            else:
-                lo = inf
-                for b in range(nd):
-                    value[b] = ci[b] * value[b] + future[b]
-                    if mask[b] and value[b] < lo:
-                        lo, a = value[b], b
+                slot_prices(h_price, h_pi, h_disp, h_gap, h_clock, value, ok_all[i],
+                            ok_all.shape[1], avail, mask, pool, prev, t, h_slot_s,
+                            h_tau[fo] * (0.5 + h_surv_sum[fo, 0]),
+                            h_tau[fo] * (0.5 + h_surv_sum[fo, kk]))
+            lo = inf
+            for b in range(nd):
+                value[b] = value[b] + future[b]
+                if h_slot:
+                    value[b] = value[b] + h_price[b]
+                if mask[b] and value[b] < lo:
+                    lo, a = value[b], b
             if a == -1:
                 for b in range(nd):
                     if mask[b]:

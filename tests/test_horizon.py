@@ -190,7 +190,7 @@ def test_the_slot_price_is_zero_until_a_first_turn_is_displaced():
     a = simulator.simulate(table, HorizonRouter(model=model), sim, backend=ample).records
     b = simulator.simulate(table, priced, sim, backend=ample, engine="python").records
     pd.testing.assert_frame_equal(a[DECISION_COLUMNS], b[DECISION_COLUMNS])
-    assert not priced._bound.displaced.any() and priced._bound.first_rate > 0
+    assert not priced._bound.displaced.any() and priced._bound.clock[0] > 0
     plain = simulator.simulate(table, HorizonRouter(model=model), sim, backend=tight).records
     priced = HorizonRouter(slot_price=True, model=model)
     c = simulator.simulate(table, priced, sim, backend=tight, engine="python").records

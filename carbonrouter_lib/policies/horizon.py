@@ -321,8 +321,9 @@ class HorizonRouter(Policy):
         state.pool = np.asarray(d.pool, np.int64)
         state.displaced = np.zeros(d.n_pools)  # m_p, gCO2e per first turn
         state.gap = np.zeros(d.n_pools)  # ḡ_p, gCO2e per displaced first turn
-        state.first_rate, state.last_first_s = 0.0, math.nan
-        state.surv_sum = None
+        state.clock = np.array([0.0, math.nan])  # Λ (1/s), the last first turn's time (s)
+        state.pi, state.price = np.zeros(d.n_pools), np.zeros(d.n)
+        state.surv_sum = _survival_sums(model, self.horizon)
         state.work = np.empty(2 * len(d.regions) + 2 * len(d.models))
         return state
 
@@ -360,38 +361,14 @@ class HorizonRouter(Policy):
     def _slot_prices(self, ctx: QueryContext, cand: Candidates, st: _RunState, f: int,
                      k: int) -> np.ndarray:
         """π_{p(a)}·T_k per deployment (minus the held pool's π_b·T_k on a switch), gCO2e, after
-        observing this query's displacement if it is a session's first turn."""
-        model, carbon, s = self.model, cand.carbon, self.slot_smoothing
-        first = ctx.prev < 0
-        if first:
-            fits = cand.ok_if_free
-            if fits.any():
-                best = int(np.flatnonzero(fits)[np.argmin(carbon[fits])])
-                g = 0.0
-                if not ctx.available[best] and cand.mask.any():
-                    g = max(float(carbon[cand.argmin(carbon)] - carbon[best]), 0.0)
-                p = st.pool[best]
-                st.displaced *= 1.0 - s
-                st.displaced[p] += s * g
-                if g > 0:
-                    st.gap[p] = g if st.gap[p] == 0 else st.gap[p] + s * (g - st.gap[p])
-            if not math.isnan(st.last_first_s):
-                rate = 1.0 / max(ctx.time_s - st.last_first_s, 1e-3)
-                st.first_rate = rate if st.first_rate == 0 else (
-                    st.first_rate + s * (rate - st.first_rate))
-            st.last_first_s = ctx.time_s
-        if st.surv_sum is None:
-            st.surv_sum = _survival_sums(model, self.horizon)
-        tau = float(model.gap_s[f])
-        sessions_s = tau * (0.5 + st.surv_sum[f, 0])
-        remaining_s = tau * (0.5 + st.surv_sum[f, k])
-        pi = np.minimum(st.displaced * st.first_rate, st.gap / max(sessions_s, 1.0))
-        price = pi[st.pool] * remaining_s
-        if not first:
-            held = st.pool[ctx.prev]
-            price -= pi[held] * remaining_s
-            price[st.pool == held] = 0.0
-        return price
+        observing this query's displacement if it is a session's first turn
+        (:func:`carbonrouter_lib.kernel.slot_prices`)."""
+        tau = float(self.model.gap_s[f])
+        kernel.slot_prices(st.price, st.pi, st.displaced, st.gap, st.clock, cand.carbon,
+                           cand.ok_if_free, len(st.price), ctx.available, cand.mask, st.pool,
+                           ctx.prev, ctx.time_s, self.slot_smoothing,
+                           tau * (0.5 + st.surv_sum[f, 0]), tau * (0.5 + st.surv_sum[f, k]))
+        return st.price
 
     def compiled(self, info: kernel.ReplayInfo) -> dict | None:
         """The compiled rule (:mod:`carbonrouter_lib.kernel`), with the forecasts of every
