@@ -307,6 +307,18 @@ def horizon_future(future, miss, work, surv, rho, fc, post_m, new_m, out_m, stay
 
 
 @njit(cache=True)
+def residence_turns(surv, rho):
+    """Σ_j S(j)·ρ^(j−1) over ``surv`` (J,) = S(1..J): the expected number of a session's future
+    turns still on the deployment chosen now, when each later turn stays with chance ``rho``
+    (the weights of :func:`horizon_future`); the slot price's ``slot_residence`` remaining
+    time, in gaps τ."""
+    total = 0.0
+    for j in range(len(surv)):
+        total += surv[j] * rho ** j
+    return total
+
+
+@njit(cache=True)
 def slot_prices(price, pi, displaced, gap, clock, carbon, fits, n_fits, available, mask, pool,
                 prev, t, smoothing, sessions_s, remaining_s):
     """The horizon router's slot price (:mod:`carbonrouter_lib.policies.horizon`), gCO2e per
@@ -571,6 +583,7 @@ def _replay(
     f_base, g_kind, l_row, l_g, l_b, l_z, l_sw, l_st, l_n,
     h_j, h_online, h_rho, h_smoothing, h_cache_survival, h_stickiness, h_release, h_survival,
     h_new, h_out, h_stay, h_keep0, h_fc, h_row0, h_fold, h_slot, h_slot_s, h_surv_sum, h_tau,
+    h_slot_res,
     c_row, c_dep, c_disp, c_compl, c_cached, c_ttft, c_be, c_rej, c_switch, c_opp, c_block,
     counters, time_decisions, dec_cyc,
 ):
@@ -825,8 +838,9 @@ def _replay(
                 return 2, t
             for m in range(n_m):
                 post_m[m] = hist_f[at + m] + new_f[at + m] + est_f[at + m]
+            rho_now = h_stayed if h_online else h_rho
             horizon_future(future, miss_buf, h_work, h_survival[fo, kk, :h_j],
-                           h_stayed if h_online else h_rho, h_fc[fr, fo], post_m, h_new[fo],
+                           rho_now, h_fc[fr, fo], post_m, h_new[fo],
                            h_out[fo], h_stay[fo], e_in, e_cache, e_out, region, model, kvp_of,
                            h_keep, n_m, h_cache_survival, h_stickiness)
             for b in range(nd):
@@ -839,8 +853,10 @@ def _replay(
             if h_slot:
                 slot_prices(h_price, h_pi, h_disp, h_gap, h_clock, value, ok_all[i],
                             ok_all.shape[1], avail, mask, pool, prev, t, h_slot_s,
-                            h_tau[fo] * (0.5 + h_surv_sum[fo, 0]),
-                            h_tau[fo] * (0.5 + h_surv_sum[fo, kk]))
+                            h_tau[fo] * (0.5 + (residence_turns(h_survival[fo, 0, :h_j], rho_now)
+                                                if h_slot_res else h_surv_sum[fo, 0])),
+                            h_tau[fo] * (0.5 + (residence_turns(h_survival[fo, kk, :h_j], rho_now)
+                                                if h_slot_res else h_surv_sum[fo, kk])))
             lo = inf
             for b in range(nd):
                 value[b] = value[b] + future[b]
@@ -1128,7 +1144,7 @@ def rule(name: str, **params) -> dict:
                 h_new=np.zeros((1, 1)), h_out=np.zeros((1, 1)), h_stay=np.ones((1, 1)),
                 h_keep0=1.0, h_fc=np.zeros((1, 1, 1, 1)), h_row0=0,
                 h_fold=np.zeros(1, np.int64), h_slot=False, h_slot_s=0.01,
-                h_surv_sum=np.zeros((1, 1)), h_tau=np.zeros(1))
+                h_surv_sum=np.zeros((1, 1)), h_tau=np.zeros(1), h_slot_res=False)
     unknown = set(params) - set(spec)
     if unknown:
         raise ValueError(f"kernel.rule: unknown parameters {sorted(unknown)}")

@@ -157,7 +157,8 @@ def test_parameters_are_validated_and_recorded():
     for bad in ({"horizon": -1}, {"forecast": "oracle"}, {"continuation": 1.5},
                 {"cache_survival": 1}, {"smoothing": 0}, {"slot_price": 1},
                 {"slot_price": True, "horizon": 0}, {"slot_smoothing": 0},
-                {"slot_smoothing": 1.5}):
+                {"slot_smoothing": 1.5}, {"slot_residence": True},
+                {"slot_price": True, "slot_residence": 1}):
         with pytest.raises(ValueError):
             HorizonRouter(**bad)
     assert not HorizonRouter(horizon=0).needs_model
@@ -200,6 +201,30 @@ def test_the_slot_price_is_zero_until_a_first_turn_is_displaced():
     again = simulator.simulate(table, HorizonRouter(slot_price=True, model=model), sim,
                                backend=tight).records
     pd.testing.assert_frame_equal(c, again)
+
+
+def test_the_residence_slot_price_is_the_slot_price_when_sessions_never_leave():
+    # Σ_j S(j)·ρ^(j−1): with ρ = 1 the plain sum, so a router that assumes every later turn
+    # stays (continuation 1) prices slots exactly as the plain slot price; with the online ρ
+    # (< 1 once the router has switched) the price is smaller and decisions change.
+    from carbonrouter_lib import kernel
+
+    surv = np.array([0.9, 0.6, 0.3])
+    assert kernel.residence_turns(surv, 1.0) == pytest.approx(surv.sum())
+    assert kernel.residence_turns(surv, 0.5) == pytest.approx(0.9 + 0.6 * 0.5 + 0.3 * 0.25)
+    table, sim, model = _slot_table()
+    backend = setting.backend_config(table, sim)
+    runs = {}
+    for label, kw in {"plain, rho 1": {"continuation": 1.0},
+                      "residence, rho 1": {"continuation": 1.0, "slot_residence": True},
+                      "plain": {}, "residence": {"slot_residence": True}}.items():
+        runs[label] = simulator.simulate(table, HorizonRouter(slot_price=True, model=model,
+                                                              **kw), sim,
+                                         backend=backend).records
+    pd.testing.assert_frame_equal(runs["plain, rho 1"], runs["residence, rho 1"])
+    assert not runs["plain"]["deployment"].equals(runs["residence"]["deployment"])
+    assert HorizonRouter(slot_price=True, slot_residence=True).params()["slot_residence"]
+    assert "slot_residence" not in HorizonRouter(slot_price=True).params()
 
 
 def test_the_slot_price_learns_only_from_the_past():

@@ -72,6 +72,8 @@ def policies(gate: LearnedGate, table: pd.DataFrame, config: SimulationConfig):
     yield "horizon forecast noise 0.5", HorizonRouter(forecast_noise=0.5, noise_seed=3)
     yield "horizon release", HorizonRouter(release=True)
     yield "horizon slot price", HorizonRouter(slot_price=True, slot_smoothing=0.2)
+    yield "horizon slot price, residence", HorizonRouter(slot_price=True, slot_smoothing=0.2,
+                                                         slot_residence=True)
     yield "horizon persistence, no survival", HorizonRouter(forecast="persistence",
                                                             cache_survival=False)
     yield "horizon same-hour, no stickiness, rho 0.8", HorizonRouter(

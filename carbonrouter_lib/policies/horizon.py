@@ -48,7 +48,11 @@ displacement it would absorb, at most one displaced session per session duration
 Σ_j S_0(j)). A candidate a then costs H(a) + π_{p(a)}·T_k, with T_k = τ·(½ + Σ_j S_k(j)) the
 session's expected remaining time, unless p(a) is the pool the session holds (then 0); leaving
 that pool b frees its slot, so a switch pays (π_{p(a)} − π_b)·T_k. It reads only past first
-turns; both replay loops run it.
+turns; both replay loops run it. With ``slot_residence=True`` a slot is held only while the
+session stays: T_k = τ·(½ + Σ_j S_k(j)·ρ^(j−1)) and D̄ likewise, with the continuation ρ of the
+future term (the chance a later turn stays where this one goes), so the price shrinks where the
+router switches often — where the cache survives a switch (ample KV memory) — and is the plain
+slot price where it never switches (ρ = 1).
 
 Units: gCO2e, kWh, tokens, seconds, gCO2e/kWh.
 """
@@ -212,6 +216,11 @@ class HorizonRouter(Policy):
         docstring).
     slot_smoothing : float
         Weight of a new first turn in the slot price's averages, in (0, 1]. Default 0.01.
+    slot_residence : bool
+        With ``slot_price``: a slot is held only while the session stays on the pool, so T_k
+        and D̄ count the future turns weighted by the continuation ρ^(j−1) of the future term
+        (``τ·(½ + Σ_j S_k(j)·ρ^(j−1))``) — the price backs off where the router switches
+        often (module docstring). Default False.
     """
 
     name = "carbonrouter-horizon"
@@ -221,7 +230,7 @@ class HorizonRouter(Policy):
                  continuation: float | str = "online",
                  model: HorizonModel | str = LEARNED, forecast_noise: float = 0.0,
                  noise_seed: int = 0, slot_price: bool = False,
-                 slot_smoothing: float = 0.01) -> None:
+                 slot_smoothing: float = 0.01, slot_residence: bool = False) -> None:
         from carbonrouter_lib.forecast import FORECASTERS
 
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
@@ -231,7 +240,8 @@ class HorizonRouter(Policy):
                              f"got {forecast!r}")
         for name, v in (("cache_survival", cache_survival), ("model_stickiness",
                                                              model_stickiness),
-                        ("release", release), ("slot_price", slot_price)):
+                        ("release", release), ("slot_price", slot_price),
+                        ("slot_residence", slot_residence)):
             if not isinstance(v, bool):
                 raise ValueError(f"HorizonRouter.{name} must be a bool, got {v!r}")
         for name, v in (("smoothing", smoothing), ("slot_smoothing", slot_smoothing)):
@@ -240,7 +250,10 @@ class HorizonRouter(Policy):
         if slot_price and horizon == 0:
             raise ValueError("HorizonRouter.slot_price needs horizon ≥ 1 (it prices the "
                              "session's remaining time from the survival of its length)")
+        if slot_residence and not slot_price:
+            raise ValueError("HorizonRouter.slot_residence needs slot_price=True")
         self.slot_price, self.slot_smoothing = slot_price, float(slot_smoothing)
+        self.slot_residence = slot_residence
         if not (continuation == "online" or (isinstance(continuation, int | float)
                                               and not isinstance(continuation, bool)
                                               and 0 <= continuation <= 1)):
@@ -290,6 +303,8 @@ class HorizonRouter(Policy):
         if self.slot_price:
             # only when on, so the keys of every run without it stay as they were
             p |= {"slot_price": True, "slot_smoothing": self.slot_smoothing}
+        if self.slot_residence:
+            p |= {"slot_residence": True}
         return p
 
     # ---- per-run state ----------------------------------------------------------------------
@@ -355,19 +370,25 @@ class HorizonRouter(Policy):
             st.e_cache, st.e_out, st.region, st.model, st.kv_pool, st.keep,
             st.other_models.shape[0], self.cache_survival, self.model_stickiness)
         if self.slot_price:
-            return cand.argmin(cand.carbon + st.future + self._slot_prices(ctx, cand, st, f, k))
+            return cand.argmin(cand.carbon + st.future
+                               + self._slot_prices(ctx, cand, st, f, k, float(rho)))
         return cand.argmin(cand.carbon + st.future)
 
     def _slot_prices(self, ctx: QueryContext, cand: Candidates, st: _RunState, f: int,
-                     k: int) -> np.ndarray:
+                     k: int, rho: float) -> np.ndarray:
         """π_{p(a)}·T_k per deployment (minus the held pool's π_b·T_k on a switch), gCO2e, after
         observing this query's displacement if it is a session's first turn
         (:func:`carbonrouter_lib.kernel.slot_prices`)."""
         tau = float(self.model.gap_s[f])
+        if self.slot_residence:
+            surv = self.model.survival[f, :, :self.horizon]
+            ahead0, ahead = (kernel.residence_turns(surv[i], rho) for i in (0, k))
+        else:
+            ahead0, ahead = st.surv_sum[f, 0], st.surv_sum[f, k]
         kernel.slot_prices(st.price, st.pi, st.displaced, st.gap, st.clock, cand.carbon,
                            cand.ok_if_free, len(st.price), ctx.available, cand.mask, st.pool,
                            ctx.prev, ctx.time_s, self.slot_smoothing,
-                           tau * (0.5 + st.surv_sum[f, 0]), tau * (0.5 + st.surv_sum[f, k]))
+                           tau * (0.5 + ahead0), tau * (0.5 + ahead))
         return st.price
 
     def compiled(self, info: kernel.ReplayInfo) -> dict | None:
@@ -410,7 +431,7 @@ class HorizonRouter(Policy):
             h_fold=conversation_folds(info.conversations, model.folds, model.seed).astype(
                 np.int64), h_slot=self.slot_price, h_slot_s=self.slot_smoothing,
             h_surv_sum=_survival_sums(model, self.horizon),
-            h_tau=np.ascontiguousarray(model.gap_s, np.float64))
+            h_tau=np.ascontiguousarray(model.gap_s, np.float64), h_slot_res=self.slot_residence)
 
     def on_served(self, ctx: QueryContext, a: int) -> None:
         st = self._bound

@@ -10,8 +10,9 @@ Nothing of the slot price was tuned: its smoothing (0.01) and its unit scale wer
 any setting was replayed with it; the tuned setting (``horizon_eval.TUNED``) is the horizon
 router's. The slot-priced runs take seconds each in the compiled loop; the other runs come from
 the sweep cache. Run from the
-repository root: ``.venv/bin/python docs/evidence/slot_price.py [grid]`` (a grid of notebook 09, or
-``mooncake``: :data:`EXTRA`).
+repository root: ``.venv/bin/python docs/evidence/slot_price.py [grid] [--residence]`` (a grid of
+notebook 09, or ``mooncake``: :data:`EXTRA`; ``--residence``: the target is the slot price with
+``slot_residence=True``, tables ``horizon_slot_price[_grid]_residence_*.csv``).
 """
 
 from __future__ import annotations
@@ -30,17 +31,28 @@ HERE = Path(__file__).resolve().parent
 PLAIN = "carbonrouter-horizon w/o slot price"
 
 
-def runs_with_slot_price(settings) -> pd.DataFrame:
+#: The label of the slot-priced router when the residence variant is the target.
+SLOT = "carbonrouter-horizon + slot price"
+SLOT_PARAMS = {"slot_price": True}
+RESIDENCE_PARAMS = {"slot_price": True, "slot_residence": True}
+
+
+def runs_with_slot_price(settings, residence: bool = False) -> pd.DataFrame:
     """:func:`horizon_eval.grid` of ``settings`` with the slot-priced router as the target and
-    the plain one relabelled :data:`PLAIN`."""
+    the plain one relabelled :data:`PLAIN`; with ``residence`` the target is the residence
+    variant (``slot_residence=True``) and the slot-priced router is :data:`SLOT`."""
     runs = he.grid(settings)
     runs["policy"] = runs["policy"].replace({he.TARGET: PLAIN})
-    priced = runs[runs["policy"] == PLAIN].copy()
-    priced["spec"] = [dataclasses.replace(s, policy_params={"slot_price": True})
-                      for s in priced["spec"]]
-    priced["key"] = [s.key() for s in priced["spec"]]
-    priced["policy"] = he.TARGET
-    return pd.concat([runs, priced], ignore_index=True)
+    variants = [(SLOT, SLOT_PARAMS), (he.TARGET, RESIDENCE_PARAMS)] if residence else [
+        (he.TARGET, SLOT_PARAMS)]
+    out = [runs]
+    for label, params in variants:
+        priced = runs[runs["policy"] == PLAIN].copy()
+        priced["spec"] = [dataclasses.replace(s, policy_params=params) for s in priced["spec"]]
+        priced["key"] = [s.key() for s in priced["spec"]]
+        priced["policy"] = label
+        out.append(priced)
+    return pd.concat(out, ignore_index=True)
 
 
 def _save(frame: pd.DataFrame, name: str) -> None:
@@ -55,14 +67,15 @@ EXTRA = {"mooncake": [st for st in he.grid_settings("full")[0]
                       if st["dataset"] == "mooncake" and st["region_set"] == "paper"]}
 
 
-def main(grid: str) -> None:
+def main(grid: str, residence: bool = False) -> None:
     settings = EXTRA[grid] if grid in EXTRA else he.grid_settings(grid)[0]
-    suffix = "" if grid == "extended" else f"_{grid}"
-    runs = runs_with_slot_price(settings)
+    suffix = ("" if grid == "extended" else f"_{grid}") + ("_residence" if residence else "")
+    runs = runs_with_slot_price(settings, residence)
     results = sweep.run_sweep(list(runs["spec"]))
     t = he.table(results, runs)
     v = he.verdicts(t)
-    shares = he.bound_shares(results, runs, policies=(*he.ONLINE, PLAIN, he.TARGET))
+    others = (PLAIN, SLOT) if residence else (PLAIN,)
+    shares = he.bound_shares(results, runs, policies=(*he.ONLINE, *others, he.TARGET))
     _save(t, f"horizon_slot_price{suffix}_table")
     _save(v, f"horizon_slot_price{suffix}_verdicts")
     _save(shares, f"horizon_slot_price{suffix}_bound")
@@ -72,4 +85,5 @@ def main(grid: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "extended")
+    args = [a for a in sys.argv[1:] if a != "--residence"]
+    main(args[0] if args else "extended", residence="--residence" in sys.argv[1:])
