@@ -64,8 +64,8 @@ REGIONS = {
 SESSIONS = (1000, 3000, None)  # None: all
 TARGET_POLICIES = ("faircarbon", "carbonrouter", "carbonrouter-no-gate")
 #: Variants timed beside the registry's policies in (a): label → (policy, parameters).
-VARIANTS = {f"{horizon_eval.TARGET} + slot price": (horizon_eval.TARGET,
-                                                    horizon_eval.VARIANTS["+ slot price"])}
+VARIANTS = {f"{horizon_eval.TARGET} w/o slot price": (horizon_eval.TARGET,
+                                                      horizon_eval.VARIANTS["w/o slot price"])}
 _GATES: dict[tuple, gate.LearnedGate] = {}
 
 

@@ -11,7 +11,10 @@ scale_table`); every run is a compact summary (``output="summary"``), cached by 
 
 **Tuned on.** The router's design and defaults (J = 16 future turns, the blend forecast,
 smoothing 0.05, the online continuation) were developed while looking at one setting,
-:data:`TUNED`; the tables mark it, and every other setting is held-out.
+:data:`TUNED`; the tables mark it, and every other setting is held-out. The slot price (on by
+default) was not tuned; it was made the default after the full grid of 32 settings was run with
+and without it (docs/evidence/horizon_slot_price_full_*.csv), so the choice to turn it on was
+taken on all of them — its parameters were not.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "w/o cache survival": {"cache_survival": False},
     "w/o model stickiness": {"model_stickiness": False},
     "+ cache release": {"release": True},
-    "+ slot price": {"slot_price": True},
+    "w/o slot price": {"slot_price": False},
 }
 #: Forecast-error sensitivity: σ of the log-normal error on every forecast value.
 NOISE: tuple[float, ...] = (0.1, 0.3, 0.6)
@@ -131,21 +134,26 @@ def setting(st: Mapping[str, str], peak: int | str | None = None, seed: int = 0,
 
 def grid(settings: Sequence[Mapping[str, str]], variants_in: Sequence[Mapping[str, str]] = (),
          noise: Sequence[float] = NOISE, peak: int | str | None = None, seed: int = 0,
-         max_conversations: int | None = None) -> pd.DataFrame:
+         max_conversations: int | None = None,
+         target_params: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """The runs: every setting (a mapping with the :data:`SETTING` keys) × (:data:`ONLINE` and
     :data:`TARGET`); in the settings of ``variants_in`` also every :data:`VARIANTS` entry and
-    the forecast errors ``noise``. One row per run: the setting, ``policy`` (a label), ``key``
-    and ``spec`` (a summary run)."""
+    the forecast errors ``noise``. ``target_params``: HorizonRouter parameters of the router's
+    runs, its variants' included (e.g. ``{"slot_price": False}``; None: its defaults). One row
+    per run: the setting, ``policy`` (a label), ``key`` and ``spec`` (a summary run)."""
     rows = []
     for st in list(settings) + [v for v in variants_in if v not in settings]:
         missing = set(SETTING) - set(st)
         if missing:
             raise ValueError(f"horizon_eval.grid: setting {dict(st)} lacks {sorted(missing)}")
         wcfg, scfg = setting(st, peak, seed, max_conversations)
-        runs: dict[str, tuple[str, dict[str, Any]]] = {p: (p, {}) for p in (*ONLINE, TARGET)}
+        base = dict(target_params or {})
+        runs: dict[str, tuple[str, dict[str, Any]]] = {p: (p, {}) for p in ONLINE}
+        runs[TARGET] = (TARGET, base)
         if st in variants_in:
-            runs |= {label: (TARGET, params) for label, params in VARIANTS.items()}
-            runs |= {noise_label(s): (TARGET, {"forecast_noise": float(s)}) for s in noise}
+            runs |= {label: (TARGET, base | params) for label, params in VARIANTS.items()}
+            runs |= {noise_label(s): (TARGET, base | {"forecast_noise": float(s)})
+                     for s in noise}
         for label, (policy, params) in runs.items():
             spec = RunSpec.make(wcfg, scfg, policy, params, output="summary")
             rows.append({k: st[k] for k in SETTING} | {"policy": label, "key": spec.key(),

@@ -157,16 +157,21 @@ def test_parameters_are_validated_and_recorded():
     for bad in ({"horizon": -1}, {"forecast": "oracle"}, {"continuation": 1.5},
                 {"cache_survival": 1}, {"smoothing": 0}, {"slot_price": 1},
                 {"slot_price": True, "horizon": 0}, {"slot_smoothing": 0},
-                {"slot_smoothing": 1.5}, {"slot_residence": True},
+                {"slot_smoothing": 1.5}, {"slot_residence": True, "slot_price": False},
+                {"slot_residence": True, "horizon": 0},
                 {"slot_price": True, "slot_residence": 1}):
         with pytest.raises(ValueError):
             HorizonRouter(**bad)
     assert not HorizonRouter(horizon=0).needs_model
-    # the slot price is recorded only when on: the runs without it keep their keys
-    assert "slot_price" not in HorizonRouter().params()
-    assert HorizonRouter(slot_price=True, slot_smoothing=0.1).params() | {
-        "slot_price": True, "slot_smoothing": 0.1} == HorizonRouter(
-        slot_price=True, slot_smoothing=0.1).params()
+    # the slot price is on by default where there is a horizon, and recorded on or off, so a
+    # run's parameters rebuild its router whatever the default
+    on, off = HorizonRouter(), HorizonRouter(slot_price=False)
+    assert on.slot_price and on.params()["slot_price"] is True
+    assert not HorizonRouter(horizon=0).slot_price
+    assert off.params()["slot_price"] is False and "slot_smoothing" not in off.params()
+    for router in (on, off, HorizonRouter(slot_smoothing=0.1, slot_residence=True)):
+        assert HorizonRouter(**router.params()).params() == router.params()
+    assert HorizonRouter(slot_smoothing=0.1).params()["slot_smoothing"] == 0.1
 
 
 def _slot_table():
@@ -188,11 +193,13 @@ def test_the_slot_price_is_zero_until_a_first_turn_is_displaced():
     tight = setting.backend_config(table, sim)
     ample = dataclasses.replace(tight, slots_per_pool=10_000)
     priced = HorizonRouter(slot_price=True, model=model)
-    a = simulator.simulate(table, HorizonRouter(model=model), sim, backend=ample).records
+    a = simulator.simulate(table, HorizonRouter(slot_price=False, model=model), sim,
+                           backend=ample).records
     b = simulator.simulate(table, priced, sim, backend=ample, engine="python").records
     pd.testing.assert_frame_equal(a[DECISION_COLUMNS], b[DECISION_COLUMNS])
     assert not priced._bound.displaced.any() and priced._bound.clock[0] > 0
-    plain = simulator.simulate(table, HorizonRouter(model=model), sim, backend=tight).records
+    plain = simulator.simulate(table, HorizonRouter(slot_price=False, model=model), sim,
+                               backend=tight).records
     priced = HorizonRouter(slot_price=True, model=model)
     c = simulator.simulate(table, priced, sim, backend=tight, engine="python").records
     st = priced._bound

@@ -166,11 +166,13 @@ def test_bound_shares_with_the_capacity_priced_bound(tmp_path):
     assert pb["history"]["slot_excess"].iloc[0] == shares["slot_excess_unpriced"].iloc[0]
 
 
-def test_the_committed_bound_shares_follow_from_the_full_grid():
-    # docs/evidence/horizon_full_bound.csv (he.bound_shares over the full grid's runs): the CO2 is
-    # the table's, the share is (SA − policy) / (SA − bound), the bound is below every policy.
-    b = pd.read_csv(EVIDENCE / "horizon_full_bound.csv")
-    t = pd.read_csv(EVIDENCE / "horizon_full_table.csv")
+@pytest.mark.parametrize("name", ["horizon_full", "horizon_plain_full"])
+def test_the_committed_bound_shares_follow_from_the_full_grid(name):
+    # docs/evidence/horizon[_plain]_full_bound.csv (he.bound_shares over the full grid's runs,
+    # the router with its slot price / without it): the CO2 is the table's, the share is
+    # (SA − policy) / (SA − bound), the bound is below every policy.
+    b = pd.read_csv(EVIDENCE / f"{name}_bound.csv")
+    t = pd.read_csv(EVIDENCE / f"{name}_table.csv")
     m = b.merge(t[[*he.SETTING, "policy", "total_co2_kg"]], on=[*he.SETTING, "policy"])
     assert len(m) == len(b) == 32 * (len(he.ONLINE) + 1)
     assert m["co2_kg"].to_numpy() == pytest.approx(m["total_co2_kg"].to_numpy(), rel=1e-12)
@@ -186,7 +188,7 @@ def test_the_committed_priced_bounds_follow_from_the_full_grid():
     # its CO2 and plain bound are the full grid's; each capacity put back can only raise a
     # lower bound that stays below every policy; the shares are (SA − policy) / (SA − bound).
     p = pd.read_csv(EVIDENCE / "horizon_priced_bound.csv")
-    full = pd.read_csv(EVIDENCE / "horizon_full_bound.csv")
+    full = pd.read_csv(EVIDENCE / "horizon_plain_full_bound.csv")  # the router of that table
     m = p.merge(full, on=[*he.SETTING, "policy"], suffixes=("", "_full"))
     settings, _ = he.grid_settings("extended")
     assert len(m) == len(p) == len(settings) * (len(he.ONLINE) + 1)
@@ -246,7 +248,7 @@ def test_the_committed_first_turn_split_follows_from_the_full_grid():
     # CarbonRouter's first turns emit more than Carbon-Affinity's in every setting, and on the
     # Mooncake trace the horizon router's loss to Carbon-Affinity is all in its first turns.
     f = pd.read_csv(EVIDENCE / "horizon_first_turns.csv")
-    t = pd.read_csv(EVIDENCE / "horizon_full_table.csv")
+    t = pd.read_csv(EVIDENCE / "horizon_plain_full_table.csv")  # the router of that table
     m = f.merge(t[[*he.SETTING, "policy", "total_co2_kg", "switches_per_session"]],
                 on=[*he.SETTING, "policy"], suffixes=("", "_full"))
     settings, _ = he.grid_settings("extended")
@@ -298,7 +300,7 @@ def test_the_committed_slot_price_tables_follow_from_their_runs(grid):
     v = pd.read_csv(EVIDENCE / f"{name}_verdicts.csv")
     b = pd.read_csv(EVIDENCE / f"{name}_bound.csv")
     pd.testing.assert_frame_equal(he.verdicts(t).reset_index(drop=True), v, check_dtype=False)
-    full = pd.read_csv(EVIDENCE / "horizon_full_table.csv")
+    full = pd.read_csv(EVIDENCE / "horizon_plain_full_table.csv")
     plain = "carbonrouter-horizon w/o slot price"
     others = t[t["policy"] != he.TARGET].replace({"policy": {plain: he.TARGET}})
     m = others.merge(full[[*he.SETTING, "policy", "total_co2_kg"]], on=[*he.SETTING, "policy"],
@@ -331,3 +333,92 @@ def test_the_committed_slot_price_tables_follow_from_their_runs(grid):
         assert round(intensity[he.TARGET]) == 155 and round(intensity[plain]) == 171
         assert first.loc[he.TARGET, "total_energy_kwh"] == pytest.approx(
             first.loc[plain, "total_energy_kwh"], rel=0.005)
+
+
+def _readme_text() -> str:
+    """The README with its line breaks and indentation folded into single spaces."""
+    return " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+
+
+def test_the_default_router_is_the_slot_priced_one_of_the_evidence():
+    # The full grid run with the slot price on by default (horizon_full_*) holds the same runs
+    # as the tables it was chosen from: its router is horizon_slot_price_full's, its "w/o slot
+    # price" variant and every online policy are the former default's (horizon_plain_full_*).
+    full = pd.read_csv(EVIDENCE / "horizon_full_table.csv")
+    slot = pd.read_csv(EVIDENCE / "horizon_slot_price_full_table.csv")
+    plain = pd.read_csv(EVIDENCE / "horizon_plain_full_table.csv")
+    key = [*he.SETTING, "policy", "total_co2_kg", "p95_ttft_s", "switches_per_session"]
+    pairs = [
+        (full[full["policy"] == he.TARGET], slot[slot["policy"] == he.TARGET], 32),
+        (full[full["policy"] == "w/o slot price"].replace({"policy": {"w/o slot price":
+                                                                       he.TARGET}}),
+         plain[plain["policy"] == he.TARGET], 4),
+        (full[full["policy"].isin(he.ONLINE)], plain[plain["policy"].isin(he.ONLINE)],
+         32 * len(he.ONLINE)),
+    ]
+    for mine, theirs, n in pairs:
+        m = mine[key].merge(theirs[key], on=[*he.SETTING, "policy"])
+        assert len(m) == len(mine) == n
+        for col in key[-3:]:
+            assert m[f"{col}_x"].to_numpy() == pytest.approx(m[f"{col}_y"].to_numpy(), rel=1e-12)
+    # the former default's verdicts follow from its table, and the README says what they were
+    pv = pd.read_csv(EVIDENCE / "horizon_plain_full_verdicts.csv")
+    pd.testing.assert_frame_equal(he.verdicts(plain).reset_index(drop=True), pv,
+                                  check_dtype=False)
+    c = pv["lowest_co2"].value_counts()
+    assert (f"has the lowest CO2 in only {c['holds']} of the 32 settings, ties in {c['tie']} "
+            f"and loses in {c['fails']}") in _readme_text()
+
+
+def test_the_committed_scale_sweeps_follow_from_their_runs():
+    # horizon_scale_* (the slot price on) and horizon_plain_scale_* (off): the verdicts follow
+    # from the tables, the online policies' runs are the same in both, and the README's counts
+    # are the new one's.
+    by = list(he.SCALE_BY)
+    tables = {}
+    for name in ("horizon_scale", "horizon_plain_scale"):
+        t = pd.read_csv(EVIDENCE / f"{name}_table.csv")
+        v = pd.read_csv(EVIDENCE / f"{name}_verdicts.csv")
+        pd.testing.assert_frame_equal(he.verdicts(t, by=he.SCALE_BY).reset_index(drop=True), v,
+                                      check_dtype=False)
+        assert len(v) == 16
+        tables[name] = (t, v)
+    new, old = (tables[n][0] for n in ("horizon_scale", "horizon_plain_scale"))
+    m = new[new["policy"].isin(he.ONLINE)].merge(old, on=[*by, "policy"])
+    assert len(m) == 16 * len(he.ONLINE)
+    assert m["total_co2_kg_x"].to_numpy() == pytest.approx(m["total_co2_kg_y"].to_numpy(),
+                                                           rel=1e-12)
+    c = tables["horizon_scale"][1]["lowest_co2"].value_counts()
+    assert (f"it holds in {c['holds']} of 16, ties in {c['tie']} and loses in {c['fails']}"
+            in _readme_text())
+    ample = tables["horizon_scale"][1]
+    ample = ample[(ample["dataset"] == "sharegpt") & (ample["memory"] != "paper")]
+    assert (ample.loc[ample["copies"] > 1, "lowest_co2"] == "fails").all()
+
+
+def test_the_readme_states_the_ablations_of_the_committed_variants():
+    # horizon_full_variants.csv: the router's saving over each variant, as the README gives it
+    a = pd.read_csv(EVIDENCE / "horizon_full_variants.csv")
+    readme = _readme_text()
+
+    def ci(label, **st):
+        r = a[(a["policy"] == label) & (a[list(st)] == pd.Series(st)).all(axis=1)]
+        assert len(r) == 1, (label, st)
+        r = r.iloc[0]
+        return f"{r.saving_pct:.1f}% [{r.ci_low_pct:.1f}, {r.ci_high_pct:.1f}]"
+
+    tuned = dict(he.TUNED)
+    for text, label in (("the horizon pricing: ", "w/o horizon pricing (J = 0)"),
+                        ("the cache-survival term: ", "w/o cache survival"),
+                        ("the slot price: ", "w/o slot price"),
+                        ("model stickiness: ", "w/o model stickiness")):
+        assert text + ci(label, **tuned) in readme
+    mooncake = dict(tuned, dataset="mooncake")
+    assert "the slot price is worth " + ci("w/o slot price", **mooncake) in readme
+    ample = dict(tuned, memory="paper x10")
+    for text, label in (("(J = 0) is ", "w/o horizon pricing (J = 0)"),
+                        ("without the slot price ", "w/o slot price")):
+        r = a[(a["policy"] == label) & (a[list(ample)] == pd.Series(ample)).all(axis=1)].iloc[0]
+        assert r.ci_high_pct < 0  # the part costs carbon with ample memory
+        assert (f"{text}{-r.saving_pct:.1f}% [{-r.ci_high_pct:.1f}, {-r.ci_low_pct:.1f}] "
+                "better") in readme

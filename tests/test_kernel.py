@@ -68,6 +68,7 @@ def policies(gate: LearnedGate, table: pd.DataFrame, config: SimulationConfig):
         gate=OracleGate(table, config, pricing=False), pricing=False)
     # the horizon router and its ablations / variants (its model is fitted on the workload)
     yield "horizon", HorizonRouter()
+    yield "horizon w/o slot price", HorizonRouter(slot_price=False)
     yield "horizon J=0", HorizonRouter(horizon=0)
     yield "horizon forecast noise 0.5", HorizonRouter(forecast_noise=0.5, noise_seed=3)
     yield "horizon release", HorizonRouter(release=True)

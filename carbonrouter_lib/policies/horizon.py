@@ -37,9 +37,10 @@ False`` (q = 1). ``release=True`` is a variant that needs the backend: when a tu
 session's previous deployment it asks the backend to drop the cache left there (it would only
 crowd other sessions' caches), via :meth:`Policy.released`.
 
-``slot_price=True`` is a variant that prices the session slot a choice takes from the next
-sessions (docs/model.md §11.4a): a session holds its (region, GPU) pool's slot until it ends, and
-a full clean pool sends new sessions elsewhere. At every first turn the router observes the
+The *slot price* (``slot_price``; on by default where J ≥ 1, ``slot_price=False`` is the router
+without it) prices the session slot a choice takes from the next sessions (docs/model.md
+§11.4a): a session holds its (region, GPU) pool's slot until it ends, and a full clean pool
+sends new sessions elsewhere. At every first turn the router observes the
 displacement g = Ĉ(greedy choice among the available) − Ĉ(least-carbon feasible deployment) when
 that deployment's pool p is full (0 otherwise), and keeps per pool an average over first turns
 m_p (smoothing ``slot_smoothing``), the mean displacement ḡ_p of the displaced ones and the rate
@@ -211,9 +212,11 @@ class HorizonRouter(Policy):
         ``noise_seed`` — the forecast-error sensitivity. Default 0 (the forecast as made).
     noise_seed : int
         Seed of those draws.
-    slot_price : bool
-        Variant: price the session slot a choice takes from the next sessions (module
-        docstring).
+    slot_price : bool or None
+        Price the session slot a choice takes from the next sessions (module docstring).
+        Default None: on when ``horizon`` ≥ 1 (the default since it had the lowest CO2 in 18 of
+        the full grid's 32 settings against 2 without it; docs/evidence/horizon_plain_full_*.csv
+        is the router without it); False: off; True with ``horizon=0`` is an error.
     slot_smoothing : float
         Weight of a new first turn in the slot price's averages, in (0, 1]. Default 0.01.
     slot_residence : bool
@@ -229,7 +232,7 @@ class HorizonRouter(Policy):
                  model_stickiness: bool = True, release: bool = False, smoothing: float = 0.05,
                  continuation: float | str = "online",
                  model: HorizonModel | str = LEARNED, forecast_noise: float = 0.0,
-                 noise_seed: int = 0, slot_price: bool = False,
+                 noise_seed: int = 0, slot_price: bool | None = None,
                  slot_smoothing: float = 0.01, slot_residence: bool = False) -> None:
         from carbonrouter_lib.forecast import FORECASTERS
 
@@ -238,6 +241,8 @@ class HorizonRouter(Policy):
         if forecast not in FORECASTERS:
             raise ValueError(f"HorizonRouter.forecast must be one of {FORECASTERS}, "
                              f"got {forecast!r}")
+        if slot_price is None:
+            slot_price = horizon > 0
         for name, v in (("cache_survival", cache_survival), ("model_stickiness",
                                                              model_stickiness),
                         ("release", release), ("slot_price", slot_price),
@@ -300,9 +305,11 @@ class HorizonRouter(Policy):
              "model_stickiness": self.model_stickiness, "release": self.release,
              "smoothing": self.smoothing, "forecast_noise": self.forecast_noise,
              "noise_seed": self.noise_seed}
+        # recorded on or off, so a run's parameters rebuild its router whatever the default;
+        # the smoothing only where it acts
+        p["slot_price"] = self.slot_price
         if self.slot_price:
-            # only when on, so the keys of every run without it stay as they were
-            p |= {"slot_price": True, "slot_smoothing": self.slot_smoothing}
+            p["slot_smoothing"] = self.slot_smoothing
         if self.slot_residence:
             p |= {"slot_residence": True}
         return p

@@ -1,10 +1,11 @@
-"""The horizon router with the slot price (``slot_price=True``, docs/model.md §11.4a) against
-every online policy and the plain horizon router, in the README's seven settings (notebook
-09's ``extended`` grid): ``horizon_slot_price_table.csv`` (:func:`carbonrouter_lib.
-horizon_eval.table`: every policy's CO2 and the slot-priced router's saving over it, paired 95%
-CIs over conversations), ``horizon_slot_price_verdicts.csv`` (:func:`~carbonrouter_lib.
-horizon_eval.verdicts`) and ``horizon_slot_price_bound.csv`` (its share of the clairvoyant
-bound's possible saving, :func:`~carbonrouter_lib.horizon_eval.bound_shares`).
+"""The horizon router with the slot price (its default since these tables were made; docs/model.md
+§11.4a) against every online policy and the router without it (``slot_price=False``), in the
+README's seven settings (notebook 09's ``extended`` grid): ``horizon_slot_price_table.csv``
+(:func:`carbonrouter_lib.horizon_eval.table`: every policy's CO2 and the slot-priced router's
+saving over it, paired 95% CIs over conversations), ``horizon_slot_price_verdicts.csv``
+(:func:`~carbonrouter_lib.horizon_eval.verdicts`) and ``horizon_slot_price_bound.csv`` (its
+share of the clairvoyant bound's possible saving,
+:func:`~carbonrouter_lib.horizon_eval.bound_shares`).
 
 Nothing of the slot price was tuned: its smoothing (0.01) and its unit scale were set before
 any setting was replayed with it; the tuned setting (``horizon_eval.TUNED``) is the horizon
@@ -27,10 +28,9 @@ from carbonrouter_lib import horizon_eval as he
 from carbonrouter_lib import sweep
 
 HERE = Path(__file__).resolve().parent
-#: The label of the plain horizon router in these tables.
+#: The label of the horizon router without the slot price in these tables.
 PLAIN = "carbonrouter-horizon w/o slot price"
-
-
+PLAIN_PARAMS = {"slot_price": False}
 #: The label of the slot-priced router when the residence variant is the target.
 SLOT = "carbonrouter-horizon + slot price"
 SLOT_PARAMS = {"slot_price": True}
@@ -39,15 +39,16 @@ RESIDENCE_PARAMS = {"slot_price": True, "slot_residence": True}
 
 def runs_with_slot_price(settings, residence: bool = False) -> pd.DataFrame:
     """:func:`horizon_eval.grid` of ``settings`` with the slot-priced router as the target and
-    the plain one relabelled :data:`PLAIN`; with ``residence`` the target is the residence
+    the router without it as :data:`PLAIN`; with ``residence`` the target is the residence
     variant (``slot_residence=True``) and the slot-priced router is :data:`SLOT`."""
-    runs = he.grid(settings)
-    runs["policy"] = runs["policy"].replace({he.TARGET: PLAIN})
-    variants = [(SLOT, SLOT_PARAMS), (he.TARGET, RESIDENCE_PARAMS)] if residence else [
-        (he.TARGET, SLOT_PARAMS)]
+    grid = he.grid(settings)
+    target = grid[grid["policy"] == he.TARGET]
+    runs = grid[grid["policy"] != he.TARGET]
+    variants = [(PLAIN, PLAIN_PARAMS), (SLOT, SLOT_PARAMS), (he.TARGET, RESIDENCE_PARAMS)] if (
+        residence) else [(PLAIN, PLAIN_PARAMS), (he.TARGET, SLOT_PARAMS)]
     out = [runs]
     for label, params in variants:
-        priced = runs[runs["policy"] == PLAIN].copy()
+        priced = target.copy()
         priced["spec"] = [dataclasses.replace(s, policy_params=params) for s in priced["spec"]]
         priced["key"] = [s.key() for s in priced["spec"]]
         priced["policy"] = label
