@@ -354,18 +354,8 @@ class HorizonRouter(Policy):
     def choose(self, ctx: QueryContext, cand: Candidates) -> int:
         if self.horizon == 0:
             return cand.argmin(cand.carbon)
-        st = self._bound
-        if st is None or st.deployments is not ctx.deployments:
-            st = self._bound = self._bind(ctx)
-            st.deployments = ctx.deployments
+        st = self._observe(ctx)
         model = self.model
-        b = ctx.prev
-        if self.cache_survival and ctx.turn > 0 and b >= 0:
-            # what this session found of the cache it left on b: one observation of b's pool
-            hist_b = ctx.n_hist_m[st.model[b]]
-            if hist_b > 0:
-                pool = st.kv_pool[b]
-                st.keep[pool] += self.smoothing * (ctx.cached[b] / hist_b - st.keep[pool])
         f = st.fold(ctx.conversation, model)
         k = min(ctx.turn, model.survival.shape[1] - 1)
         rho = st.stayed if self.continuation == "online" else self.continuation
@@ -380,6 +370,21 @@ class HorizonRouter(Policy):
             return cand.argmin(cand.carbon + st.future
                                + self._slot_prices(ctx, cand, st, f, k, float(rho)))
         return cand.argmin(cand.carbon + st.future)
+
+    def _observe(self, ctx: QueryContext) -> _RunState:
+        """The run's state (bound on its first query), after this query's observation of the
+        cache survival: what the session found of the cache it left on its previous deployment."""
+        st = self._bound
+        if st is None or st.deployments is not ctx.deployments:
+            st = self._bound = self._bind(ctx)
+            st.deployments = ctx.deployments
+        b = ctx.prev
+        if self.cache_survival and ctx.turn > 0 and b >= 0:
+            hist_b = ctx.n_hist_m[st.model[b]]
+            if hist_b > 0:
+                pool = st.kv_pool[b]
+                st.keep[pool] += self.smoothing * (ctx.cached[b] / hist_b - st.keep[pool])
+        return st
 
     def _slot_prices(self, ctx: QueryContext, cand: Candidates, st: _RunState, f: int,
                      k: int, rho: float) -> np.ndarray:

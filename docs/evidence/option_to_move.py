@@ -56,16 +56,8 @@ class OptionToMove(HorizonRouter):
         return None  # the Python loop only
 
     def choose(self, ctx, cand):
-        st = self._bound
-        if st is None or st.deployments is not ctx.deployments:
-            st = self._bound = self._bind(ctx)
-            st.deployments = ctx.deployments
-        model, b = self.model, ctx.prev
-        if ctx.turn > 0 and b >= 0:  # the router's cache-survival observation
-            hist_b = ctx.n_hist_m[st.model[b]]
-            if hist_b > 0:
-                pool = st.kv_pool[b]
-                st.keep[pool] += self.smoothing * (ctx.cached[b] / hist_b - st.keep[pool])
+        st = self._observe(ctx)  # the router's state and cache-survival observation
+        model = self.model
         f = st.fold(ctx.conversation, model)
         k = min(ctx.turn, model.survival.shape[1] - 1)
         rho, n_j = st.stayed, self.horizon
