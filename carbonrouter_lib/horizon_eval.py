@@ -142,12 +142,12 @@ def grid(settings: Sequence[Mapping[str, str]], variants_in: Sequence[Mapping[st
     runs, its variants' included (e.g. ``{"slot_price": False}``; None: its defaults). One row
     per run: the setting, ``policy`` (a label), ``key`` and ``spec`` (a summary run)."""
     rows = []
+    base = dict(target_params or {})
     for st in list(settings) + [v for v in variants_in if v not in settings]:
         missing = set(SETTING) - set(st)
         if missing:
             raise ValueError(f"horizon_eval.grid: setting {dict(st)} lacks {sorted(missing)}")
         wcfg, scfg = setting(st, peak, seed, max_conversations)
-        base = dict(target_params or {})
         runs: dict[str, tuple[str, dict[str, Any]]] = {p: (p, {}) for p in ONLINE}
         runs[TARGET] = (TARGET, base)
         if st in variants_in:

@@ -434,6 +434,10 @@ def test_the_committed_option_to_move_result():
     assert len(m) == 6
     assert m["total_co2_kg_x"].to_numpy() == pytest.approx(m["total_co2_kg_y"].to_numpy(),
                                                            rel=1e-12)
+    router = o[o["policy"] == he.TARGET].set_index(list(he.SETTING))["total_co2_kg"]
+    rel = o.join(router.rename("router_kg"), on=list(he.SETTING))
+    assert rel["co2_vs_router_pct"].to_numpy() == pytest.approx(
+        (100 * (rel["total_co2_kg"] / rel["router_kg"] - 1)).to_numpy(), abs=1e-9)
     by = o.set_index(["memory", "dataset", "policy"])["total_co2_kg"]
     forms = ("option", "option, eviction priced", "option, roomy pools")
     for form in forms:
