@@ -1,0 +1,91 @@
+"""The derived workload does not depend on the machine's floating-point kernels.
+
+NumPy and OpenBLAS pick SIMD kernels at run time by the CPU (AVX-512, AVX2, …), which changes the
+rounding of sums and dot products. The two fitted estimators of the prepared workload — the output
+lengths and the quality scores, both Ridge regressions solved by LSQR — must give the same answers
+on another machine, or every replay moves with it (it did: 1–2% in CO2 with LSQR stopped at 1e-3 /
+1e-4, when these estimates moved by up to 77 tokens and 6e-4). Each test fits once here and once
+in a child process with the wider kernels switched off (``NPY_DISABLE_CPU_FEATURES``,
+``OPENBLAS_CORETYPE``) and compares.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+#: Wider kernels switched off in the child, where this CPU has them (dependents first).
+WIDE = ("AVX512_SPR", "AVX512_ICL", "AVX512_CNL", "AVX512_CLX", "AVX512_SKX", "AVX512_KNM",
+        "AVX512_KNL", "AVX512CD", "AVX512F", "AVX2", "FMA3")
+TEXTS = ["Write a Python function that merges two sorted lists.",
+         "What is the capital of Australia?",
+         "Prove that the square root of 2 is irrational, step by step.",
+         "Translate 'good morning' into French and German.",
+         "Summarize the plot of Hamlet in three sentences."]
+
+CHILD = """
+import json, sys
+import numpy as np
+from carbonrouter_lib import output_length
+from carbonrouter_lib.quality import fit_offline_predictor
+from carbonrouter_lib.sharegpt import load_sharegpt_turns
+what, texts = sys.argv[1], json.loads(sys.argv[2])
+if what == "lengths":
+    df, _ = load_sharegpt_turns(max_conversations=300, progress=False)
+    output_length._to_tokens = lambda log_pred, cap: log_pred  # the unrounded log estimates
+    est = output_length.estimate_output_tokens(df, families=("llama3",))
+    print(json.dumps(est["est_output_tokens_llama3"].astype(float).tolist()))
+else:
+    print(json.dumps(fit_offline_predictor().predict(texts).ravel().tolist()))
+"""
+
+
+def _narrow_env() -> dict[str, str]:
+    from numpy._core._multiarray_umath import __cpu_features__ as features
+
+    if platform.machine() not in ("x86_64", "AMD64") or not features.get("AVX"):
+        pytest.skip("needs an x86-64 CPU with AVX (the kernels switched off are x86's)")
+    off = [f for f in WIDE if features.get(f)]
+    if not off:
+        pytest.skip("this CPU has no kernel wider than the baseline to switch off")
+    return dict(os.environ, NPY_DISABLE_CPU_FEATURES=" ".join(off),
+                OPENBLAS_CORETYPE="Sandybridge", PYTHONPATH=str(REPO))
+
+
+def _child(what: str) -> np.ndarray:
+    done = subprocess.run([sys.executable, "-c", CHILD, what, json.dumps(TEXTS)],
+                          env=_narrow_env(), capture_output=True, text=True, check=False,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return np.array(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_output_lengths_do_not_depend_on_the_kernels(monkeypatch):
+    from carbonrouter_lib import output_length
+    from carbonrouter_lib.sharegpt import load_sharegpt_turns
+
+    # compared before rounding to tokens, which hides most differences in a small sample
+    monkeypatch.setattr(output_length, "_to_tokens", lambda log_pred, cap: log_pred)
+    df, _ = load_sharegpt_turns(max_conversations=300, progress=False)
+    here = output_length.estimate_output_tokens(df, families=("llama3",))
+    there = _child("lengths")
+    # log1p(tokens): 1e-9 moves an estimate of 8,192 tokens by 1e-5 of a token
+    np.testing.assert_allclose(there, here["est_output_tokens_llama3"].to_numpy(np.float64),
+                               rtol=0, atol=1e-9)
+
+
+def test_quality_scores_do_not_depend_on_the_kernels():
+    from carbonrouter_lib.quality import fit_offline_predictor
+
+    here = fit_offline_predictor().predict(TEXTS).ravel()
+    there = _child("quality")
+    # far below any gap that matters to β_Q (scores differ by rounding only)
+    np.testing.assert_allclose(there, here, rtol=0, atol=1e-9)
