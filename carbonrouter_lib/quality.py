@@ -807,7 +807,7 @@ def _fit_heads(x: sp.csr_matrix, y: np.ndarray, alpha: float) -> tuple[np.ndarra
 
     # lsqr: iterative, supports an intercept on sparse input. It stops at its tolerance, so at
     # scikit-learn's 1e-4 the scores moved by up to 6e-4 when NumPy / OpenBLAS took other SIMD
-    # kernels (another machine); at 1e-9 by 1e-8; at RIDGE_TOL by < 1e-9.
+    # kernels (AVX2 off); at 1e-9 by up to 6e-8; at RIDGE_TOL by < 1e-9.
     model = Ridge(alpha=alpha, solver="lsqr", tol=RIDGE_TOL).fit(x, y)
     coef = np.atleast_2d(model.coef_).T.astype(np.float64)
     return coef, np.atleast_1d(model.intercept_).astype(np.float64)
