@@ -140,9 +140,9 @@ class OutputLengthConfig:
         Tolerance of Ridge's LSQR solver (default 1e-12). LSQR stops at the tolerance, so a loose
         one leaves the answer to rounding: at 1e-3 the estimates moved by up to 77 tokens (37,625
         of 61,239 ShareGPT turns) when NumPy and OpenBLAS took other SIMD kernels (AVX2 off), and
-        whole replays moved by 1–2% between two machines; at 1e-9 one estimate of 183,717 still moved
-        by a token, at 1e-12 none (tests/test_machine_independence.py), for 3.3× the fitting time
-        of 1e-3 (103 s against 31 s for the three tokenizer families, one core).
+        whole replays moved by 1–2% between two machines; at 1e-9 one estimate of 183,717 still
+        moved by a token, at 1e-12 none (tests/test_machine_independence.py), for 3.3× the
+        fitting time of 1e-3 (103 s against 31 s for the three tokenizer families, one core).
     spline_knots
         Knots of the cubic B-spline of each numeric feature in the Ridge (uniform over the
         training range, constant extrapolation), default 6.
