@@ -3,7 +3,8 @@ verdicts on its targets (beyond the paper).
 
 The router (:mod:`carbonrouter_lib.policies.horizon`) is compared at the results notebooks'
 default scale (:data:`carbonrouter_lib.scale.DEFAULT_PEAK`) with the five policies of Table 1
-and CarbonRouter with its learned gate, per setting = dataset × region set × KV-memory rule ×
+and CarbonRouter with its learned gate (and, as a reference that is not online, its oracle gate:
+:data:`REFERENCE`), per setting = dataset × region set × KV-memory rule ×
 season (the 7-day window starting on :data:`carbonrouter_lib.replays.SEASONS`' Monday). Its
 parts are ablated and its forecast perturbed (:data:`VARIANTS`, :data:`NOISE`) in the settings
 asked for. Savings are paired bootstrap CIs over conversations (:func:`carbonrouter_lib.scale.
@@ -29,7 +30,7 @@ from carbonrouter_lib import bound, prepared, replays, scale
 from carbonrouter_lib.replays import SEASONS
 from carbonrouter_lib.sweep import RunSpec
 
-__all__ = ["TARGET", "ONLINE", "VARIANTS", "NOISE", "TUNED", "SETTING", "GRIDS", "SCALE_GRIDS",
+__all__ = ["TARGET", "ONLINE", "REFERENCE", "VARIANTS", "NOISE", "TUNED", "SETTING", "GRIDS", "SCALE_GRIDS",
            "SCALE_BY", "setting", "grid", "grid_settings", "scale_grid", "table", "scale_table",
            "verdicts", "variants_table", "bound_shares", "first_turn_split"]
 
@@ -38,6 +39,11 @@ TARGET = "carbonrouter-horizon"
 #: The online policies it must beat: Table 1's and CarbonRouter with its learned gate.
 ONLINE: tuple[str, ...] = ("session-affinity", "carbon-affinity", "gar", "faircarbon",
                            "carbonrouter-no-gate", "carbonrouter")
+#: Not online, so not in the verdicts: CarbonRouter with the oracle gate, which stays exactly when
+#: the two-branch label of the live state says staying saves carbon (``carbonrouter-oracle-gate``,
+#: docs/model.md §7.7: the ceiling of any gate of that form). At the default scale only, not in
+#: the scale sweep (about a minute per run at P = 350).
+REFERENCE: tuple[str, ...] = ("carbonrouter-oracle-gate",)
 #: Ablations and the release variant: label → HorizonRouter parameters.
 VARIANTS: dict[str, dict[str, Any]] = {
     "w/o horizon pricing (J = 0)": {"horizon": 0},
@@ -135,9 +141,10 @@ def setting(st: Mapping[str, str], peak: int | str | None = None, seed: int = 0,
 def grid(settings: Sequence[Mapping[str, str]], variants_in: Sequence[Mapping[str, str]] = (),
          noise: Sequence[float] = NOISE, peak: int | str | None = None, seed: int = 0,
          max_conversations: int | None = None,
-         target_params: Mapping[str, Any] | None = None) -> pd.DataFrame:
-    """The runs: every setting (a mapping with the :data:`SETTING` keys) × (:data:`ONLINE` and
-    :data:`TARGET`); in the settings of ``variants_in`` also every :data:`VARIANTS` entry and
+         target_params: Mapping[str, Any] | None = None,
+         reference: Sequence[str] = REFERENCE) -> pd.DataFrame:
+    """The runs: every setting (a mapping with the :data:`SETTING` keys) × (:data:`ONLINE`,
+    ``reference`` (default :data:`REFERENCE`; ``()``: none) and :data:`TARGET`); in the settings of ``variants_in`` also every :data:`VARIANTS` entry and
     the forecast errors ``noise``. ``target_params``: HorizonRouter parameters of the router's
     runs, its variants' included (e.g. ``{"slot_price": False}``; None: its defaults). One row
     per run: the setting, ``policy`` (a label), ``key`` and ``spec`` (a summary run)."""
@@ -148,7 +155,7 @@ def grid(settings: Sequence[Mapping[str, str]], variants_in: Sequence[Mapping[st
         if missing:
             raise ValueError(f"horizon_eval.grid: setting {dict(st)} lacks {sorted(missing)}")
         wcfg, scfg = setting(st, peak, seed, max_conversations)
-        runs: dict[str, tuple[str, dict[str, Any]]] = {p: (p, {}) for p in ONLINE}
+        runs: dict[str, tuple[str, dict[str, Any]]] = {p: (p, {}) for p in (*ONLINE, *reference)}
         runs[TARGET] = (TARGET, base)
         if st in variants_in:
             runs |= {label: (TARGET, base | params) for label, params in VARIANTS.items()}
@@ -230,12 +237,13 @@ def verdicts(t: pd.DataFrame, by: Sequence[str] = SETTING) -> pd.DataFrame:
 
 def bound_shares(results: Mapping[str, Any], runs: pd.DataFrame, peak: int | str | None = None,
                  seed: int = 0, max_conversations: int | None = None,
-                 policies: Sequence[str] = (*ONLINE, TARGET), priced: bool = False
+                 policies: Sequence[str] | None = None, priced: bool = False
                  ) -> pd.DataFrame:
     """Per setting of ``runs`` (:func:`grid`), the clairvoyant bound
     (:func:`carbonrouter_lib.bound.ensure_bound`, computed and cached per setting, ≈ 15–30 s each
     at P = 350) and each policy's share of the saving it says is possible over Session-Affinity:
-    (SA − policy) / (SA − bound), from the runs' total CO2 (kg).
+    (SA − policy) / (SA − bound), from the runs' total CO2 (kg). ``policies``: None for
+    :data:`ONLINE`, the :data:`REFERENCE` policies that ``runs`` has and :data:`TARGET`.
 
     This is :func:`carbonrouter_lib.bound.bound_comparison`'s share when no policy of the
     setting rejected a query; that function leaves out the sessions with a capacity rejection
@@ -249,6 +257,9 @@ def bound_shares(results: Mapping[str, Any], runs: pd.DataFrame, peak: int | str
     ``ttl_bound_kg`` (the TTL alone), ``share_of_priced_saving``, and ``slot_excess_unpriced``
     and ``kv_excess_unpriced``: the share of the unpriced paths' slot and KV memory use above
     the replay's capacity (session-seconds, token-seconds; what the pricing has to undo)."""
+    if policies is None:
+        present = set(runs["policy"])
+        policies = (*ONLINE, *[p for p in REFERENCE if p in present], TARGET)
     rows = []
     for st, g in runs.groupby(list(SETTING), sort=False):
         st = dict(zip(SETTING, st, strict=True))

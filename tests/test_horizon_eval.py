@@ -17,13 +17,17 @@ def test_grid_runs_every_online_policy_and_the_variants_only_where_asked():
     other = dict(tuned, season="summer")
     runs = he.grid([tuned, other], [tuned], max_conversations=30)
     per = runs.groupby("season")["policy"].agg(list)
-    assert per["summer"] == [*he.ONLINE, he.TARGET]
-    assert set(per["winter"]) == {*he.ONLINE, he.TARGET, *he.VARIANTS,
+    assert per["summer"] == [*he.ONLINE, *he.REFERENCE, he.TARGET]
+    assert set(per["winter"]) == {*he.ONLINE, *he.REFERENCE, he.TARGET, *he.VARIANTS,
                                   *(he.noise_label(s) for s in he.NOISE)}
     assert runs["key"].is_unique
     spec = runs[(runs.season == "winter") & (runs.policy == "w/o cache survival")]["spec"].iloc[0]
     assert spec.policy == he.TARGET and spec.policy_params["cache_survival"] is False
     assert spec.output == "summary"
+    # the oracle gate is a reference, never an online policy the verdicts compare with
+    assert not set(he.REFERENCE) & set(he.ONLINE)
+    bare = he.grid([other], reference=(), max_conversations=30)
+    assert list(bare["policy"]) == [*he.ONLINE, he.TARGET]
     # the seasons are the windows of replays.SEASONS
     assert spec.workload_config().arrival.window_start == pd.Timestamp("2022-01-03", tz="UTC")
     with pytest.raises(ValueError, match="unknown season"):
@@ -54,6 +58,10 @@ def test_verdicts_compare_with_the_best_other_online_policy():
     ci["carbon-affinity"] = (-4.0, -1.0)
     v = he.verdicts(_table(co2, ci, season="summer")).iloc[0]
     assert v["lowest_co2"] == "fails" and v["held_out"]
+    # a reference policy (the oracle gate) below the router changes no verdict
+    co2["carbonrouter-oracle-gate"], ci["carbonrouter-oracle-gate"] = 0.5, (-9.0, -8.0)
+    w = he.verdicts(_table(co2, ci, season="summer")).iloc[0]
+    assert w["best_other"] == "carbon-affinity" and w["lowest_co2"] == "fails"
 
 
 def test_scale_grid_runs_every_online_policy_at_every_scale_and_memory_rule():
@@ -126,7 +134,7 @@ def test_bound_shares_are_the_bound_comparison_of_the_records(tmp_path):
     runs = he.grid([st], peak="unscaled", max_conversations=40)
     results = sweep.run_sweep(list(runs["spec"]), cache_dir=tmp_path, serial=True, progress=False)
     shares = he.bound_shares(results, runs, peak="unscaled", max_conversations=40)
-    assert list(shares["policy"]) == [*he.ONLINE, he.TARGET]
+    assert list(shares["policy"]) == [*he.ONLINE, *he.REFERENCE, he.TARGET]
     assert (shares["rejected_share"] == 0).all() and not shares["held_out"].any()
     wcfg, scfg = he.setting(st, "unscaled", max_conversations=40)
     records = sweep.run_named({p: sweep.RunSpec.make(wcfg, scfg, p) for p in shares["policy"]},
