@@ -30,9 +30,9 @@ from carbonrouter_lib import bound, prepared, replays, scale
 from carbonrouter_lib.replays import SEASONS
 from carbonrouter_lib.sweep import RunSpec
 
-__all__ = ["TARGET", "ONLINE", "REFERENCE", "VARIANTS", "NOISE", "TUNED", "SETTING", "GRIDS", "SCALE_GRIDS",
-           "SCALE_BY", "setting", "grid", "grid_settings", "scale_grid", "table", "scale_table",
-           "verdicts", "variants_table", "bound_shares", "first_turn_split"]
+__all__ = ["TARGET", "ONLINE", "REFERENCE", "VARIANTS", "NOISE", "TUNED", "SETTING", "GRIDS",
+           "SCALE_GRIDS", "SCALE_BY", "setting", "grid", "grid_settings", "scale_grid", "table",
+           "scale_table", "verdicts", "variants_table", "bound_shares", "first_turn_split"]
 
 #: The router evaluated (registry name; its defaults).
 TARGET = "carbonrouter-horizon"
@@ -142,12 +142,15 @@ def grid(settings: Sequence[Mapping[str, str]], variants_in: Sequence[Mapping[st
          noise: Sequence[float] = NOISE, peak: int | str | None = None, seed: int = 0,
          max_conversations: int | None = None,
          target_params: Mapping[str, Any] | None = None,
-         reference: Sequence[str] = REFERENCE) -> pd.DataFrame:
+         reference: Sequence[str] = REFERENCE,
+         reference_in: Sequence[Mapping[str, str]] | None = None) -> pd.DataFrame:
     """The runs: every setting (a mapping with the :data:`SETTING` keys) × (:data:`ONLINE`,
-    ``reference`` (default :data:`REFERENCE`; ``()``: none) and :data:`TARGET`); in the settings of ``variants_in`` also every :data:`VARIANTS` entry and
-    the forecast errors ``noise``. ``target_params``: HorizonRouter parameters of the router's
-    runs, its variants' included (e.g. ``{"slot_price": False}``; None: its defaults). One row
-    per run: the setting, ``policy`` (a label), ``key`` and ``spec`` (a summary run)."""
+    ``reference`` (default :data:`REFERENCE`; ``()``: none; only in the settings of
+    ``reference_in``, None: in all) and :data:`TARGET`); in the settings of ``variants_in``
+    also every :data:`VARIANTS` entry and the forecast errors ``noise``. ``target_params``:
+    HorizonRouter parameters of the router's runs, its variants' included (e.g.
+    ``{"slot_price": False}``; None: its defaults). One row per run: the setting, ``policy``
+    (a label), ``key`` and ``spec`` (a summary run)."""
     rows = []
     base = dict(target_params or {})
     for st in list(settings) + [v for v in variants_in if v not in settings]:
@@ -155,7 +158,8 @@ def grid(settings: Sequence[Mapping[str, str]], variants_in: Sequence[Mapping[st
         if missing:
             raise ValueError(f"horizon_eval.grid: setting {dict(st)} lacks {sorted(missing)}")
         wcfg, scfg = setting(st, peak, seed, max_conversations)
-        runs: dict[str, tuple[str, dict[str, Any]]] = {p: (p, {}) for p in (*ONLINE, *reference)}
+        refs = reference if reference_in is None or st in reference_in else ()
+        runs: dict[str, tuple[str, dict[str, Any]]] = {p: (p, {}) for p in (*ONLINE, *refs)}
         runs[TARGET] = (TARGET, base)
         if st in variants_in:
             runs |= {label: (TARGET, base | params) for label, params in VARIANTS.items()}
@@ -243,7 +247,7 @@ def bound_shares(results: Mapping[str, Any], runs: pd.DataFrame, peak: int | str
     (:func:`carbonrouter_lib.bound.ensure_bound`, computed and cached per setting, ≈ 15–30 s each
     at P = 350) and each policy's share of the saving it says is possible over Session-Affinity:
     (SA − policy) / (SA − bound), from the runs' total CO2 (kg). ``policies``: None for
-    :data:`ONLINE`, the :data:`REFERENCE` policies that ``runs`` has and :data:`TARGET`.
+    :data:`ONLINE`, the :data:`REFERENCE` policies the setting has runs of and :data:`TARGET`.
 
     This is :func:`carbonrouter_lib.bound.bound_comparison`'s share when no policy of the
     setting rejected a query; that function leaves out the sessions with a capacity rejection
@@ -257,13 +261,13 @@ def bound_shares(results: Mapping[str, Any], runs: pd.DataFrame, peak: int | str
     ``ttl_bound_kg`` (the TTL alone), ``share_of_priced_saving``, and ``slot_excess_unpriced``
     and ``kv_excess_unpriced``: the share of the unpriced paths' slot and KV memory use above
     the replay's capacity (session-seconds, token-seconds; what the pricing has to undo)."""
-    if policies is None:
-        present = set(runs["policy"])
-        policies = (*ONLINE, *[p for p in REFERENCE if p in present], TARGET)
+    chosen = policies
     rows = []
     for st, g in runs.groupby(list(SETTING), sort=False):
         st = dict(zip(SETTING, st, strict=True))
         g = g.set_index("policy")
+        policies = chosen if chosen is not None else (
+            *ONLINE, *[p for p in REFERENCE if p in g.index], TARGET)
         missing = [p for p in ("session-affinity", *policies) if p not in g.index]
         if missing:
             raise KeyError(f"bound_shares: setting {st} has no runs of {missing}")

@@ -28,6 +28,8 @@ def test_grid_runs_every_online_policy_and_the_variants_only_where_asked():
     assert not set(he.REFERENCE) & set(he.ONLINE)
     bare = he.grid([other], reference=(), max_conversations=30)
     assert list(bare["policy"]) == [*he.ONLINE, he.TARGET]
+    some = he.grid([tuned, other], reference_in=[tuned], max_conversations=30)
+    assert some.groupby("season")["policy"].agg(list)["summer"] == [*he.ONLINE, he.TARGET]
     # the seasons are the windows of replays.SEASONS
     assert spec.workload_config().arrival.window_start == pd.Timestamp("2022-01-03", tz="UTC")
     with pytest.raises(ValueError, match="unknown season"):
@@ -93,6 +95,9 @@ def test_scale_verdicts_group_by_scale():
 
 
 EVIDENCE = Path(__file__).resolve().parents[1] / "docs" / "evidence"
+#: How far a whole replay moved with the machine-independent estimators (README: 1–2%), with
+#: room: the tolerance for the evidence that still holds the former estimators' numbers.
+PREDATES_REL = 0.04
 
 
 def test_the_committed_full_grid_and_the_readme_agree():
@@ -123,6 +128,17 @@ def test_the_committed_full_grid_and_the_readme_agree():
         want = " / ".join(f"{g.loc[p, 'co2_rel']:.3f}" for p in (
             "carbon-affinity", "carbonrouter-no-gate", "carbonrouter", he.TARGET))
         assert cells[2].strip() == want
+        assert cells[6].strip() == f"{g.loc['carbonrouter-oracle-gate', 'co2_rel']:.3f}"
+    # the oracle gate, a reference in every setting: what the README says of it
+    oracle = t[t["policy"] == "carbonrouter-oracle-gate"].set_index(list(he.SETTING))
+    no_gate = t[t["policy"] == "carbonrouter-no-gate"].set_index(list(he.SETTING))
+    assert len(oracle) == 32
+    assert (oracle["co2_rel"] / no_gate["co2_rel"]).min() > 1 - 0.0165
+    ample = oracle.index.get_level_values("memory") != "paper"
+    ample &= oracle.index.get_level_values("dataset") == "sharegpt"
+    assert (oracle.loc[~ample, "ci_low_pct"] > 0).all()
+    assert (oracle.loc[ample, "ci_high_pct"] < 0).all()
+    assert "The router emits less than it in 24 of 32 settings" in " ".join(readme.split())
 
 
 def test_bound_shares_are_the_bound_comparison_of_the_records(tmp_path):
@@ -182,7 +198,7 @@ def test_the_committed_bound_shares_follow_from_the_full_grid(name):
     b = pd.read_csv(EVIDENCE / f"{name}_bound.csv")
     t = pd.read_csv(EVIDENCE / f"{name}_table.csv")
     m = b.merge(t[[*he.SETTING, "policy", "total_co2_kg"]], on=[*he.SETTING, "policy"])
-    assert len(m) == len(b) == 32 * (len(he.ONLINE) + 1)
+    assert len(m) == len(b) == 32 * (len(he.ONLINE) + len(he.REFERENCE) + 1)
     assert m["co2_kg"].to_numpy() == pytest.approx(m["total_co2_kg"].to_numpy(), rel=1e-12)
     sa = m["session_affinity_kg"]
     assert m["share_of_possible_saving"].to_numpy() == pytest.approx(
@@ -193,15 +209,18 @@ def test_the_committed_bound_shares_follow_from_the_full_grid(name):
 
 def test_the_committed_priced_bounds_follow_from_the_full_grid():
     # docs/evidence/horizon_priced_bound.csv (docs/evidence/priced_bound.py, the extended grid):
-    # its CO2 and plain bound are the full grid's; each capacity put back can only raise a
-    # lower bound that stays below every policy; the shares are (SA − policy) / (SA − bound).
+    # each capacity put back can only raise a lower bound that stays below every policy; the
+    # shares are (SA − policy) / (SA − bound). It still holds the former estimators' numbers
+    # (README, "The same numbers on another machine"), so its CO2 and plain bound are the
+    # recomputed full grid's only within what that change moved replays (not to the digit).
     p = pd.read_csv(EVIDENCE / "horizon_priced_bound.csv")
     full = pd.read_csv(EVIDENCE / "horizon_plain_full_bound.csv")  # the router of that table
     m = p.merge(full, on=[*he.SETTING, "policy"], suffixes=("", "_full"))
     settings, _ = he.grid_settings("extended")
     assert len(m) == len(p) == len(settings) * (len(he.ONLINE) + 1)
-    for col in ("co2_kg", "bound_kg", "session_affinity_kg"):
-        assert m[col].to_numpy() == pytest.approx(m[f"{col}_full"].to_numpy(), rel=1e-9)
+    for col, rel in (("co2_kg", PREDATES_REL), ("bound_kg", 0.01),
+                     ("session_affinity_kg", PREDATES_REL)):
+        assert m[col].to_numpy() == pytest.approx(m[f"{col}_full"].to_numpy(), rel=rel)
     assert (p["bound_kg"] <= p["ttl_bound_kg"] + 1e-9).all()
     assert (p["ttl_bound_kg"] <= p["priced_bound_kg"] + 1e-9).all()
     assert (p["priced_bound_kg"] < p["co2_kg"]).all()
@@ -280,7 +299,9 @@ def test_the_committed_first_turn_split_follows_from_the_full_grid():
 def test_the_committed_residence_tables_follow_from_their_runs():
     # docs/evidence/horizon_slot_price_full_residence_*.csv (slot_price.py full --residence):
     # the verdicts follow from the table; the slot-priced router's CO2 is the one of
-    # horizon_slot_price_full_table.csv; what the README says of the variant against it.
+    # horizon_slot_price_full_table.csv; what the README says of the variant against it. The
+    # tables still hold the former estimators' numbers (README), so the tie to the recomputed
+    # slot-price table is within what that change moved replays, not to the digit.
     t = pd.read_csv(EVIDENCE / "horizon_slot_price_full_residence_table.csv")
     v = pd.read_csv(EVIDENCE / "horizon_slot_price_full_residence_verdicts.csv")
     pd.testing.assert_frame_equal(he.verdicts(t).reset_index(drop=True), v, check_dtype=False)
@@ -290,11 +311,13 @@ def test_the_committed_residence_tables_follow_from_their_runs():
         slot[[*he.SETTING, "total_co2_kg"]], on=list(he.SETTING), suffixes=("", "_slot"))
     assert len(mine) == 32
     assert mine["total_co2_kg"].to_numpy() == pytest.approx(
-        mine["total_co2_kg_slot"].to_numpy(), rel=1e-9)
+        mine["total_co2_kg_slot"].to_numpy(), rel=PREDATES_REL)
     ample = (mine["dataset"] == "sharegpt") & (mine["memory"] != "paper")
     assert (mine.loc[ample, "ci_low_pct"] > 0).all()  # it gains where sessions switch
     assert (mine.loc[~ample, "saving_pct"] < 0.1).all()  # and nowhere else
+    # it holds, ties and loses where the slot-priced router did with the former estimators
     assert v["lowest_co2"].value_counts().to_dict() == {"holds": 18, "fails": 9, "tie": 5}
+    assert "same 18 / 5 / 9 settings" in _readme_text()
 
 
 @pytest.mark.parametrize("grid", ["extended", "mooncake", "full"])
@@ -314,17 +337,22 @@ def test_the_committed_slot_price_tables_follow_from_their_runs(grid):
     m = others.merge(full[[*he.SETTING, "policy", "total_co2_kg"]], on=[*he.SETTING, "policy"],
                      suffixes=("", "_full"))
     n_settings = {"extended": 7, "mooncake": 8, "full": 32}[grid]
-    assert len(m) == len(others) == n_settings * (len(he.ONLINE) + 1)
+    # the Mooncake tables still hold the former estimators' numbers (README): no oracle gate,
+    # and the full grid's runs only within what that change moved replays
+    predates = grid == "mooncake"
+    n_ref = 0 if predates else len(he.REFERENCE)
+    assert len(m) == len(others) == n_settings * (len(he.ONLINE) + n_ref + 1)
     assert m["total_co2_kg"].to_numpy() == pytest.approx(m["total_co2_kg_full"].to_numpy(),
-                                                         rel=1e-9)
+                                                         rel=PREDATES_REL if predates else 1e-9)
     sa = b["session_affinity_kg"]
     assert b["share_of_possible_saving"].to_numpy() == pytest.approx(
         ((sa - b["co2_kg"]) / (sa - b["bound_kg"])).to_numpy(), rel=1e-12)
     assert (b["bound_kg"] < b["co2_kg"]).all()
     if grid == "full":
-        # the README's account: the lowest CO2 in 18 of 32 (every Mooncake setting), ties in
-        # 5, loses in 9 (every ShareGPT setting with ample memory, by 1.6–2.2%, and summer)
-        assert v["lowest_co2"].value_counts().to_dict() == {"holds": 18, "fails": 9, "tie": 5}
+        # the same runs as notebook 09's full grid, so its verdicts; the README's account:
+        # every Mooncake setting holds, every ShareGPT setting with ample memory fails
+        fv = pd.read_csv(EVIDENCE / "horizon_full_verdicts.csv")
+        assert list(v["lowest_co2"]) == list(fv["lowest_co2"])
         assert (v.loc[v["dataset"] == "mooncake", "lowest_co2"] == "holds").all()
         ample = v[(v["dataset"] == "sharegpt") & (v["memory"] != "paper")]
         assert (ample["lowest_co2"] == "fails").all() and ample["ci_high_pct"].max() < 0
@@ -413,7 +441,7 @@ def test_the_readme_states_the_ablations_of_the_committed_variants():
         r = a[(a["policy"] == label) & (a[list(st)] == pd.Series(st)).all(axis=1)]
         assert len(r) == 1, (label, st)
         r = r.iloc[0]
-        return f"{r.saving_pct:.1f}% [{r.ci_low_pct:.1f}, {r.ci_high_pct:.1f}]"
+        return f"{r.saving_pct:.1f}% [{r.ci_low_pct:.1f}, {r.ci_high_pct:.1f}]".replace("-", "−")
 
     tuned = dict(he.TUNED)
     for text, label in (("the horizon pricing: ", "w/o horizon pricing (J = 0)"),
@@ -451,4 +479,4 @@ def test_the_committed_option_to_move_result():
     for form in forms:
         assert by["paper x10", "sharegpt", form] < by["paper x10", "sharegpt",
                                                       "carbonrouter-no-gate"]
-        assert by["paper", "sharegpt", form] > 1.06 * by["paper", "sharegpt", he.TARGET]
+        assert by["paper", "sharegpt", form] > 1.05 * by["paper", "sharegpt", he.TARGET]

@@ -215,7 +215,8 @@ class HorizonRouter(Policy):
     slot_price : bool or None
         Price the session slot a choice takes from the next sessions (module docstring).
         Default None: on when ``horizon`` ≥ 1 (the default since it had the lowest CO2 in 18 of
-        the full grid's 32 settings against 2 without it; docs/evidence/horizon_plain_full_*.csv
+        the full grid's 32 settings against 2 without it, 19 against 3 with the machine-independent
+        estimators; docs/evidence/horizon_plain_full_*.csv
         is the router without it); False: off; True with ``horizon=0`` is an error.
     slot_smoothing : float
         Weight of a new first turn in the slot price's averages, in (0, 1]. Default 0.01.

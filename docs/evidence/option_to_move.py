@@ -16,7 +16,7 @@ a move only to a deployment whose KV pool has room for the history now). A subcl
 router, so it runs in the Python loop (about 3–5 minutes a run); slot price as the router's.
 Three settings: the tuned one, ample memory and the Mooncake trace (paper regions, winter).
 
-Result: it beats CarbonRouter with ample memory (the first variant to) but emits 6–11% more
+Result: it beats CarbonRouter with ample memory (the first variant to) but emits 6–10% more
 than the router at the tuned setting, so it is not the router. Run from the repository root:
 ``.venv/bin/python docs/evidence/option_to_move.py``.
 """
