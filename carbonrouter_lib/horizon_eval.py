@@ -42,7 +42,7 @@ ONLINE: tuple[str, ...] = ("session-affinity", "carbon-affinity", "gar", "fairca
 #: Not online, so not in the verdicts: CarbonRouter with the oracle gate, which stays exactly when
 #: the two-branch label of the live state says staying saves carbon (``carbonrouter-oracle-gate``,
 #: docs/model.md §7.7: the ceiling of any gate of that form). At the default scale only, not in
-#: the scale sweep (about a minute per run at P = 350).
+#: the scale sweep (2–4 minutes a run at P = 350, two to a machine of two cores).
 REFERENCE: tuple[str, ...] = ("carbonrouter-oracle-gate",)
 #: Ablations and the release variant: label → HorizonRouter parameters.
 VARIANTS: dict[str, dict[str, Any]] = {
