@@ -261,20 +261,19 @@ def bound_shares(results: Mapping[str, Any], runs: pd.DataFrame, peak: int | str
     ``ttl_bound_kg`` (the TTL alone), ``share_of_priced_saving``, and ``slot_excess_unpriced``
     and ``kv_excess_unpriced``: the share of the unpriced paths' slot and KV memory use above
     the replay's capacity (session-seconds, token-seconds; what the pricing has to undo)."""
-    chosen = policies
     rows = []
     for st, g in runs.groupby(list(SETTING), sort=False):
         st = dict(zip(SETTING, st, strict=True))
         g = g.set_index("policy")
-        policies = chosen if chosen is not None else (
+        mine = policies if policies is not None else (
             *ONLINE, *[p for p in REFERENCE if p in g.index], TARGET)
-        missing = [p for p in ("session-affinity", *policies) if p not in g.index]
+        missing = [p for p in ("session-affinity", *mine) if p not in g.index]
         if missing:
             raise KeyError(f"bound_shares: setting {st} has no runs of {missing}")
-        co2 = {p: float(results[g.loc[p, "key"]].summary["total_co2_kg"]) for p in policies}
+        co2 = {p: float(results[g.loc[p, "key"]].summary["total_co2_kg"]) for p in mine}
         sa = float(results[g.loc["session-affinity", "key"]].summary["total_co2_kg"])
         rejected = max(float(results[g.loc[p, "key"]].summary["share_rejected"])
-                       for p in ("session-affinity", *policies))
+                       for p in ("session-affinity", *mine))
         configs = setting(st, peak, seed, max_conversations)
         b = bound.ensure_bound(*configs)
         b_kg = float(b["carbon_g"].sum()) / 1e3
@@ -286,7 +285,7 @@ def bound_shares(results: Mapping[str, Any], runs: pd.DataFrame, peak: int | str
                      "slot_excess_unpriced": float(zero["slot_excess"]),
                      "kv_excess_unpriced": float(zero["kv_excess"])}
         tuned = all(st[k] == v for k, v in TUNED.items())
-        for p in policies:
+        for p in mine:
             share = bound.share_of_possible_saving(sa, co2[p], b_kg)
             row = st | {"policy": p, "co2_kg": co2[p], "bound_kg": b_kg,
                         "session_affinity_kg": sa, "bound_rel": b_kg / sa,

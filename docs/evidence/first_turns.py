@@ -19,6 +19,7 @@ import pandas as pd
 
 from carbonrouter_lib import horizon_eval as he
 from carbonrouter_lib import sweep
+from carbonrouter_lib.outputs import atomic_path
 
 HERE = Path(__file__).resolve().parent
 #: policy → parameters; the horizon router as this table was made: without the slot price (then
@@ -38,9 +39,8 @@ def main(grid: str) -> None:
         print(st, split.set_index("policy")[["co2_first_kg", "co2_later_kg"]].round(3).T)
     out = pd.concat(parts, ignore_index=True)
     out = out[[*he.SETTING, "held_out", *split.columns]]
-    tmp = HERE / "horizon_first_turns.csv.tmp"
-    out.to_csv(tmp, index=False)
-    tmp.replace(HERE / "horizon_first_turns.csv")
+    with atomic_path(HERE / "horizon_first_turns.csv") as tmp:
+        out.to_csv(tmp, index=False)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import pandas as pd
 from carbonrouter_lib import horizon_eval as he
 from carbonrouter_lib import metrics, sweep
 from carbonrouter_lib.build import build_policy
+from carbonrouter_lib.outputs import atomic_path
 from carbonrouter_lib.policies import make_policy
 from carbonrouter_lib.policies.horizon import HorizonRouter
 from carbonrouter_lib.setting import backend_config
@@ -117,9 +118,8 @@ def main() -> None:
     router = out["total_co2_kg"].where(out["policy"] == he.TARGET).groupby(
         [out[c] for c in he.SETTING]).transform("max")
     out["co2_vs_router_pct"] = 100 * (out["total_co2_kg"] / router - 1)
-    tmp = HERE / "horizon_option_to_move.csv.tmp"
-    out.to_csv(tmp, index=False)
-    tmp.replace(HERE / "horizon_option_to_move.csv")
+    with atomic_path(HERE / "horizon_option_to_move.csv") as tmp:
+        out.to_csv(tmp, index=False)
     print(out.round(3).to_string())
 
 

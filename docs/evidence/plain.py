@@ -23,15 +23,15 @@ import pandas as pd
 
 from carbonrouter_lib import horizon_eval as he
 from carbonrouter_lib import sweep
+from carbonrouter_lib.outputs import atomic_path
 
 HERE = Path(__file__).resolve().parent
 PARAMS = {"slot_price": False}
 
 
 def _save(frame: pd.DataFrame, name: str) -> None:
-    tmp = HERE / f"{name}.csv.tmp"
-    frame.to_csv(tmp, index=False)
-    tmp.replace(HERE / f"{name}.csv")
+    with atomic_path(HERE / f"{name}.csv") as tmp:
+        frame.to_csv(tmp, index=False)
 
 
 def main() -> None:

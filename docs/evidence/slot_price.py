@@ -26,6 +26,7 @@ import pandas as pd
 
 from carbonrouter_lib import horizon_eval as he
 from carbonrouter_lib import sweep
+from carbonrouter_lib.outputs import atomic_path
 
 HERE = Path(__file__).resolve().parent
 #: The label of the horizon router without the slot price in these tables.
@@ -57,9 +58,8 @@ def runs_with_slot_price(settings, residence: bool = False) -> pd.DataFrame:
 
 
 def _save(frame: pd.DataFrame, name: str) -> None:
-    tmp = HERE / f"{name}.csv.tmp"
-    frame.to_csv(tmp, index=False)
-    tmp.replace(HERE / f"{name}.csv")
+    with atomic_path(HERE / f"{name}.csv") as tmp:
+        frame.to_csv(tmp, index=False)
 
 
 #: Beyond the grids of notebook 09: the Mooncake trace in the paper's regions, both memory rules,
