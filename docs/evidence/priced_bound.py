@@ -9,7 +9,7 @@ TTL exact; its step target the best policy's CO2), and each policy's share of th
 bound says is possible over Session-Affinity (:func:`carbonrouter_lib.horizon_eval.bound_shares`
 with ``priced=True``). A few minutes per setting (the priced bound evaluates the DP 13 times).
 Run from the repository root: ``.venv/bin/python docs/evidence/priced_bound.py [grid]`` (default
-``extended``: the README's seven settings)."""
+``extended``: the README's seven settings); without the oracle gate's reference runs."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from carbonrouter_lib import horizon_eval as he
 from carbonrouter_lib import sweep
+from carbonrouter_lib.outputs import atomic_path
 
 HERE = Path(__file__).resolve().parent
 
@@ -25,10 +26,11 @@ HERE = Path(__file__).resolve().parent
 def main(grid: str) -> None:
     settings, _ = he.grid_settings(grid)
     # the router as this table was made: without the slot price (then not yet its default)
-    runs = he.grid(settings, target_params={"slot_price": False})
+    runs = he.grid(settings, target_params={"slot_price": False}, reference_in=[])
     results = sweep.run_sweep(list(runs["spec"]))
     shares = he.bound_shares(results, runs, priced=True)
-    shares.to_csv(HERE / "horizon_priced_bound.csv", index=False)
+    with atomic_path(HERE / "horizon_priced_bound.csv") as tmp:
+        shares.to_csv(tmp, index=False)
     view = shares.pivot_table(index=list(he.SETTING), columns="policy", sort=False,
                               values=["share_of_possible_saving", "share_of_priced_saving"])
     print(shares.groupby(list(he.SETTING), sort=False)[

@@ -12,8 +12,10 @@ any setting was replayed with it; the tuned setting (``horizon_eval.TUNED``) is 
 router's. The slot-priced runs take seconds each in the compiled loop; the other runs come from
 the sweep cache. Run from the
 repository root: ``.venv/bin/python docs/evidence/slot_price.py [grid] [--residence]`` (a grid of
-notebook 09, or ``mooncake``: :data:`EXTRA`; ``--residence``: the target is the slot price with
-``slot_residence=True``, tables ``horizon_slot_price[_grid]_residence_*.csv``).
+notebook 09; the Mooncake trace's settings are the ``full`` grid's rows; ``--residence``: the
+target is the slot price with ``slot_residence=True``, tables
+``horizon_slot_price[_grid]_residence_*.csv``, without the oracle gate's reference runs, which
+the verdicts ignore and which take about an hour of the full grid on two cores).
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ RESIDENCE_PARAMS = {"slot_price": True, "slot_residence": True}
 def runs_with_slot_price(settings, residence: bool = False) -> pd.DataFrame:
     """:func:`horizon_eval.grid` of ``settings`` with the slot-priced router as the target and
     the router without it as :data:`PLAIN`; with ``residence`` the target is the residence
-    variant (``slot_residence=True``) and the slot-priced router is :data:`SLOT`."""
-    grid = he.grid(settings)
+    variant (``slot_residence=True``), the slot-priced router is :data:`SLOT` and the reference
+    (:data:`horizon_eval.REFERENCE`) is left out."""
+    grid = he.grid(settings, reference_in=[] if residence else None)
     target = grid[grid["policy"] == he.TARGET]
     runs = grid[grid["policy"] != he.TARGET]
     variants = [(PLAIN, PLAIN_PARAMS), (SLOT, SLOT_PARAMS), (he.TARGET, RESIDENCE_PARAMS)] if (
@@ -62,14 +65,8 @@ def _save(frame: pd.DataFrame, name: str) -> None:
         frame.to_csv(tmp, index=False)
 
 
-#: Beyond the grids of notebook 09: the Mooncake trace in the paper's regions, both memory rules,
-#: the four seasons (``mooncake``; its tables are ``horizon_slot_price_mooncake_*.csv``).
-EXTRA = {"mooncake": [st for st in he.grid_settings("full")[0]
-                      if st["dataset"] == "mooncake" and st["region_set"] == "paper"]}
-
-
 def main(grid: str, residence: bool = False) -> None:
-    settings = EXTRA[grid] if grid in EXTRA else he.grid_settings(grid)[0]
+    settings = he.grid_settings(grid)[0]
     suffix = ("" if grid == "extended" else f"_{grid}") + ("_residence" if residence else "")
     runs = runs_with_slot_price(settings, residence)
     results = sweep.run_sweep(list(runs["spec"]))
