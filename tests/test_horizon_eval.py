@@ -95,9 +95,10 @@ def test_scale_verdicts_group_by_scale():
 
 
 EVIDENCE = Path(__file__).resolve().parents[1] / "docs" / "evidence"
-#: How far a whole replay moved with the machine-independent estimators (README: 1–2%), with
-#: room: the tolerance for the evidence that still holds the former estimators' numbers.
-PREDATES_REL = 0.04
+#: How far whole replays differ between the machine of the full grid and the one the priced bound
+#: and the residence tables were computed on (README, "The same numbers on another machine": up
+#: to 1.5%), with room: the tolerance for evidence computed on another machine than the full grid.
+OTHER_MACHINE_REL = 0.04
 
 
 def test_the_committed_full_grid_and_the_readme_agree():
@@ -210,16 +211,17 @@ def test_the_committed_bound_shares_follow_from_the_full_grid(name):
 def test_the_committed_priced_bounds_follow_from_the_full_grid():
     # docs/evidence/horizon_priced_bound.csv (docs/evidence/priced_bound.py, the extended grid):
     # each capacity put back can only raise a lower bound that stays below every policy; the
-    # shares are (SA − policy) / (SA − bound). It still holds the former estimators' numbers
-    # (README, "The same numbers on another machine"), so its CO2 and plain bound are the
-    # recomputed full grid's only within what that change moved replays (not to the digit).
+    # shares are (SA − policy) / (SA − bound). It was computed on another machine than the full
+    # grid (README, "The same numbers on another machine"): its CO2 is the full grid's within
+    # what replays differ between the two, its plain bound (an exact optimum over the workload)
+    # within 1e-4.
     p = pd.read_csv(EVIDENCE / "horizon_priced_bound.csv")
     full = pd.read_csv(EVIDENCE / "horizon_plain_full_bound.csv")  # the router of that table
     m = p.merge(full, on=[*he.SETTING, "policy"], suffixes=("", "_full"))
     settings, _ = he.grid_settings("extended")
     assert len(m) == len(p) == len(settings) * (len(he.ONLINE) + 1)
-    for col, rel in (("co2_kg", PREDATES_REL), ("bound_kg", 0.01),
-                     ("session_affinity_kg", PREDATES_REL)):
+    for col, rel in (("co2_kg", OTHER_MACHINE_REL), ("bound_kg", 1e-4),
+                     ("session_affinity_kg", OTHER_MACHINE_REL)):
         assert m[col].to_numpy() == pytest.approx(m[f"{col}_full"].to_numpy(), rel=rel)
     assert (p["bound_kg"] <= p["ttl_bound_kg"] + 1e-9).all()
     assert (p["ttl_bound_kg"] <= p["priced_bound_kg"] + 1e-9).all()
@@ -299,9 +301,8 @@ def test_the_committed_first_turn_split_follows_from_the_full_grid():
 def test_the_committed_residence_tables_follow_from_their_runs():
     # docs/evidence/horizon_slot_price_full_residence_*.csv (slot_price.py full --residence):
     # the verdicts follow from the table; the slot-priced router's CO2 is the one of
-    # horizon_slot_price_full_table.csv; what the README says of the variant against it. The
-    # tables still hold the former estimators' numbers (README), so the tie to the recomputed
-    # slot-price table is within what that change moved replays, not to the digit.
+    # horizon_slot_price_full_table.csv within what replays differ between the machine of that
+    # table and the one these were computed on (README); what the README says of the variant.
     t = pd.read_csv(EVIDENCE / "horizon_slot_price_full_residence_table.csv")
     v = pd.read_csv(EVIDENCE / "horizon_slot_price_full_residence_verdicts.csv")
     pd.testing.assert_frame_equal(he.verdicts(t).reset_index(drop=True), v, check_dtype=False)
@@ -311,13 +312,23 @@ def test_the_committed_residence_tables_follow_from_their_runs():
         slot[[*he.SETTING, "total_co2_kg"]], on=list(he.SETTING), suffixes=("", "_slot"))
     assert len(mine) == 32
     assert mine["total_co2_kg"].to_numpy() == pytest.approx(
-        mine["total_co2_kg_slot"].to_numpy(), rel=PREDATES_REL)
+        mine["total_co2_kg_slot"].to_numpy(), rel=OTHER_MACHINE_REL)
     ample = (mine["dataset"] == "sharegpt") & (mine["memory"] != "paper")
-    assert (mine.loc[ample, "ci_low_pct"] > 0).all()  # it gains where sessions switch
-    assert (mine.loc[~ample, "saving_pct"] < 0.1).all()  # and nowhere else
-    # it holds, ties and loses where the slot-priced router did with the former estimators
-    assert v["lowest_co2"].value_counts().to_dict() == {"holds": 18, "fails": 9, "tie": 5}
-    assert "same 18 / 5 / 9 settings" in _readme_text()
+    # it gains where sessions switch: +0.5 to +1.1%, CIs above 0 in 7 of the 8
+    assert (mine.loc[ample, "saving_pct"] > 0.4).all()
+    assert (mine.loc[ample, "ci_low_pct"] > 0).sum() == 7
+    assert (mine.loc[~ample, "saving_pct"] < 0.5).all()  # elsewhere at most a tie's worth
+    moon = mine["dataset"] == "mooncake"
+    assert (mine.loc[moon, "ci_high_pct"] < 0).sum() == 15  # and the Mooncake trace pays
+    # its verdicts are the slot price's (the same on both machines, 19 / 4 / 9) but in one
+    # setting, where a loss becomes a tie
+    fv = pd.read_csv(EVIDENCE / "horizon_slot_price_full_verdicts.csv")
+    moved = v[v["lowest_co2"].to_numpy() != fv["lowest_co2"].to_numpy()]
+    assert moved[list(he.SETTING)].to_dict("records") == [
+        dict(dataset="sharegpt", region_set="paper", memory="paper", season="summer")]
+    assert list(moved["lowest_co2"]) == ["tie"]
+    assert v["lowest_co2"].value_counts().to_dict() == {"holds": 19, "fails": 8, "tie": 5}
+    assert "in 19 / 5 / 8 settings against the slot price's 19 / 4 / 9" in _readme_text()
 
 
 @pytest.mark.parametrize("grid", ["extended", "full"])
