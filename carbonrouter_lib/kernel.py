@@ -273,9 +273,12 @@ def horizon_future(future, miss, work, surv, rho, fc, post_m, new_m, out_m, stay
     best, move = work[2 * n_r:2 * n_r + n_models], work[2 * n_r + n_models:]
     a_r[:] = 0.0
     b_r[:] = 0.0
-    for r in range(n_r):
-        for j in range(n_j):
-            w = fc[r, j] * (surv[j] * rho ** j)
+    # j outside: S_k(j)·ρ^j once per turn, not per region (the pow dominated a decision); each
+    # region's sums still run in the order of j, so the values are unchanged to the bit
+    for j in range(n_j):
+        sj = surv[j] * rho ** j
+        for r in range(n_r):
+            w = fc[r, j] * sj
             a_r[r] += w
             b_r[r] += w * j
     for d in range(len(future)):
