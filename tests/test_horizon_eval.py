@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from pathlib import Path
 
@@ -494,3 +495,32 @@ def test_the_committed_option_to_move_result():
         assert by["paper x10", "sharegpt", form] < by["paper x10", "sharegpt",
                                                       "carbonrouter-no-gate"]
         assert by["paper", "sharegpt", form] > 1.05 * by["paper", "sharegpt", he.TARGET]
+
+
+def _fingerprint_module():
+    spec = importlib.util.spec_from_file_location("fingerprint", EVIDENCE / "fingerprint.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_fingerprint_compare_finds_exactly_the_columns_that_differ():
+    # docs/evidence/fingerprint.py: the diagnostic of what still differs between machines. The
+    # committed file covers every column of both settings' workloads and carbon signals once;
+    # compare names a changed, a missing and an added column and nothing else.
+    fp = _fingerprint_module()
+    committed = pd.read_csv(EVIDENCE / "derived_fingerprint.csv")
+    key = ["setting", "part", "column"]
+    assert not committed.duplicated(key).any()
+    assert set(committed["setting"]) == set(fp.SETTINGS) and set(committed["part"]) == {
+        "workload", "carbon"}
+    assert fp.compare(committed, committed).empty
+    a, b, c = committed.index[committed["sum"].notna()][:3]  # numeric columns
+    here = committed.copy()
+    here.loc[a, "sha256"], here.loc[a, "sum"] = "0" * 64, here.loc[a, "sum"] + 1.0
+    here = pd.concat([here.drop(index=b), here.loc[[c]].assign(column="new")])
+    diff = fp.compare(here, committed)
+    assert sorted(diff["column"]) == sorted(
+        [committed.loc[a, "column"], committed.loc[b, "column"], "new"])
+    changed = diff[diff["column"] == committed.loc[a, "column"]]
+    assert changed["sum_diff"].to_numpy() == pytest.approx([1.0])
