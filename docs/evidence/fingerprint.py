@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from carbonrouter_lib import horizon_eval as he
-from carbonrouter_lib import prepared, sweep
+from carbonrouter_lib import prepared
 from carbonrouter_lib.outputs import atomic_path
 
 HERE = Path(__file__).resolve().parent
@@ -70,7 +70,7 @@ def fingerprint() -> pd.DataFrame:
         workload, sim = he.setting(st)
         table = prepared.prepare_workload(workload)
         rows += _column_rows(label, "workload", table)
-        signal = sweep._signal(sim)
+        signal = sim.signal()
         rows += _column_rows(label, "carbon", signal.frame)
     out = pd.DataFrame(rows)
     out["cpu"] = _cpu()
