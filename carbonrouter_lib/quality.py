@@ -672,6 +672,33 @@ def _length_features(texts: Sequence[str]) -> np.ndarray:
     return out
 
 
+def _with_stable_vocabulary(vectorizer, texts: list[str]):
+    """``vectorizer`` (a TfidfVectorizer with ``max_features``) with its vocabulary fixed to the
+    ``max_features`` terms of highest count in ``texts`` after ``min_df``, ties broken by the
+    term: scikit-learn's own choice sorts the counts with NumPy's unstable argsort, whose order
+    among equal counts depends on the CPU's SIMD kernels (AVX-512 and AVX2 machines picked
+    different terms, and so scored every query differently). Same vocabulary size, terms in
+    alphabetical order (scikit-learn's column order); IDF is then learned by the fit as before."""
+    from sklearn.base import clone
+    from sklearn.feature_extraction.text import CountVectorizer
+
+    params = vectorizer.get_params()
+    limit = params["max_features"]
+    if limit is None:
+        return vectorizer
+    counter = CountVectorizer(analyzer=params["analyzer"], ngram_range=params["ngram_range"],
+                              min_df=params["min_df"], lowercase=params["lowercase"],
+                              dtype=np.int64)
+    counts = counter.fit_transform(texts)
+    terms = counter.get_feature_names_out()  # alphabetical
+    total = np.asarray(counts.sum(axis=0)).ravel()
+    order = np.lexsort((np.arange(len(terms)), -total))  # highest count first, then the term
+    keep = np.sort(order[:limit])
+    return clone(vectorizer).set_params(
+        vocabulary={str(terms[i]): k for k, i in enumerate(keep)}, max_features=None,
+        min_df=1)
+
+
 class TextFeaturizer:
     """TF-IDF (word + char n-grams) of the query, its context mixed into the word block, + shape.
 
@@ -697,6 +724,8 @@ class TextFeaturizer:
         """Learn vocabularies, IDF and the shape standardization; return the texts' features."""
         texts = _as_texts(texts, None, "texts")
         heads = [t[: self.config.max_query_chars] for t in texts]
+        self.word = _with_stable_vocabulary(self.word, heads)
+        self.char = _with_stable_vocabulary(self.char, heads)
         xw = self.word.fit_transform(heads)
         xc = self.char.fit_transform(heads)
         shape = _length_features(texts)

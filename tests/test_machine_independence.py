@@ -22,9 +22,6 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-#: Wider kernels switched off in the child, where this CPU has them (dependents first).
-WIDE = ("AVX512_SPR", "AVX512_ICL", "AVX512_CNL", "AVX512_CLX", "AVX512_SKX", "AVX512_KNM",
-        "AVX512_KNL", "AVX512CD", "AVX512F", "AVX2", "FMA3")
 TEXTS = ["Write a Python function that merges two sorted lists.",
          "What is the capital of Australia?",
          "Prove that the square root of 2 is irrational, step by step.",
@@ -34,6 +31,9 @@ TEXTS = ["Write a Python function that merges two sorted lists.",
 CHILD = """
 import json, sys
 import numpy as np
+from numpy._core import _multiarray_umath as umath
+still = [t for t in umath.__cpu_dispatch__ if umath.__cpu_features__.get(t)]
+assert not still, f"NumPy kernels not switched off: {still}"
 from carbonrouter_lib import output_length
 from carbonrouter_lib.quality import fit_offline_predictor
 from carbonrouter_lib.sharegpt import load_sharegpt_turns
@@ -49,13 +49,17 @@ else:
 
 
 def _narrow_env() -> dict[str, str]:
-    from numpy._core._multiarray_umath import __cpu_features__ as features
+    from numpy._core import _multiarray_umath as umath
 
+    features = umath.__cpu_features__
     if platform.machine() not in ("x86_64", "AMD64") or not features.get("AVX"):
         pytest.skip("needs an x86-64 CPU with AVX (the kernels switched off are x86's)")
-    off = [f for f in WIDE if features.get(f)]
+    # NumPy's dispatch targets by its own names (≥ 2.4: X86_V3 for AVX2, X86_V4 for AVX-512,
+    # AVX512_ICL, AVX512_SPR); it ignores other names, so a list of single features (AVX2,
+    # AVX512F, …) switched off nothing of NumPy's, only OpenBLAS's
+    off = [t for t in umath.__cpu_dispatch__ if features.get(t)]
     if not off:
-        pytest.skip("this CPU has no kernel wider than the baseline to switch off")
+        pytest.skip("this CPU has no kernel wider than NumPy's baseline to switch off")
     return dict(os.environ, NPY_DISABLE_CPU_FEATURES=" ".join(off),
                 OPENBLAS_CORETYPE="Sandybridge", PYTHONPATH=str(REPO))
 
@@ -87,5 +91,6 @@ def test_quality_scores_do_not_depend_on_the_kernels():
 
     here = fit_offline_predictor().predict(TEXTS).ravel()
     there = _child("quality")
-    # far below any gap that matters to β_Q (scores differ by rounding only)
-    np.testing.assert_allclose(there, here, rtol=0, atol=1e-9)
+    # far below any gap that matters to β_Q (scores differ by rounding only: 4e-9 with NumPy's
+    # kernels switched off too, 0.034 before the vocabulary's ties were broken by the term)
+    np.testing.assert_allclose(there, here, rtol=0, atol=1e-8)

@@ -341,3 +341,20 @@ def test_sharegpt_ordering_sanity(predictor):
     assert s.loc["Llama-3.1-70B", "share_best"] > 0.9
     assert (s["share_feasible_0.85"] <= s["share_feasible_0.8"]).all()
     assert feasible_models(q, 0.85).any(axis=1).all()
+
+
+def test_the_featurizer_vocabulary_breaks_count_ties_by_the_term():
+    # scikit-learn's max_features picks among equal counts by NumPy's unstable, CPU-dispatched
+    # argsort; the featurizer's vocabulary is the highest counts, ties by the term, whatever the
+    # order of the texts, with scikit-learn's column order (alphabetical)
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    from carbonrouter_lib.quality import _with_stable_vocabulary
+
+    texts = ["apple apple kiwi fig", "apple date cherry", "banana grape fig"]
+    # counts: apple 3; fig 2; banana, cherry, date, grape, kiwi 1 each
+    for order in (texts, texts[::-1]):
+        vec = _with_stable_vocabulary(TfidfVectorizer(max_features=4), order)
+        vec.fit(order)
+        assert vec.vocabulary_ == {"apple": 0, "banana": 1, "cherry": 2, "fig": 3}
+    assert _with_stable_vocabulary(TfidfVectorizer(), texts).get_params()["vocabulary"] is None

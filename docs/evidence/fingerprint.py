@@ -33,14 +33,12 @@ SETTINGS = {"tuned": dict(he.TUNED), "mooncake": dict(he.TUNED, dataset="mooncak
 
 
 def _cpu() -> str:
-    """The widest SIMD extension NumPy dispatches to here (AVX512F, AVX2, …)."""
-    from numpy._core._multiarray_umath import __cpu_features__ as features
+    """The widest of NumPy's dispatch targets enabled here (``X86_V4``, ``AVX512_SPR``, …; NumPy
+    ≥ 2.4's names, which ``NPY_DISABLE_CPU_FEATURES`` takes), else its baseline."""
+    from numpy._core import _multiarray_umath as umath
 
-    for name in ("AVX512_SPR", "AVX512_ICL", "AVX512_SKX", "AVX512F", "AVX2", "AVX", "SSE42",
-                 "ASIMD"):
-        if features.get(name):
-            return name
-    return "baseline"
+    enabled = [t for t in umath.__cpu_dispatch__ if umath.__cpu_features__.get(t)]
+    return (enabled or umath.__cpu_baseline__ or ["baseline"])[-1]
 
 
 def _column_rows(label: str, part: str, frame: pd.DataFrame) -> list[dict]:
