@@ -8,8 +8,8 @@ workload and of the carbon signal: its SHA-256 (of the column's bytes), its sum 
 absolute value (NaN left out and counted), and this machine's CPU (NumPy's widest enabled
 feature). With ``--compare`` it prints, instead of writing, the rows where this machine differs
 from the committed file, with both sums, which points at the stage that still depends on the
-machine (the quality scores' hashes differ at 6e-11 already between AVX2 and AVX-512: read the
-sums). A diagnostic, not a test: on another machine it is expected to differ until the cause is
+machine (the quality scores' hashes differ by rounding, 4e-9, between NumPy's kernels: read
+the sums). A diagnostic, not a test: on another machine it is expected to differ until the cause is
 found. Run from the repository root: ``.venv/bin/python docs/evidence/fingerprint.py
 [--compare]`` (half a minute from a warm cache).
 """
