@@ -686,17 +686,16 @@ def _with_stable_vocabulary(vectorizer, texts: list[str]):
     limit = params["max_features"]
     if limit is None:
         return vectorizer
-    counter = CountVectorizer(analyzer=params["analyzer"], ngram_range=params["ngram_range"],
-                              min_df=params["min_df"], lowercase=params["lowercase"],
-                              dtype=np.int64)
+    # the vectorizer's own tokenization (every CountVectorizer parameter it has), unlimited
+    shared = {k: params[k] for k in CountVectorizer().get_params()}
+    counter = CountVectorizer(**{**shared, "max_features": None, "dtype": np.int64})
     counts = counter.fit_transform(texts)
     terms = counter.get_feature_names_out()  # alphabetical
     total = np.asarray(counts.sum(axis=0)).ravel()
     order = np.lexsort((np.arange(len(terms)), -total))  # highest count first, then the term
     keep = np.sort(order[:limit])
     return clone(vectorizer).set_params(
-        vocabulary={str(terms[i]): k for k, i in enumerate(keep)}, max_features=None,
-        min_df=1)
+        vocabulary={str(terms[i]): k for k, i in enumerate(keep)}, max_features=None)
 
 
 class TextFeaturizer:
