@@ -15,7 +15,11 @@ smoothing 0.05, the online continuation) were developed while looking at one set
 :data:`TUNED`; the tables mark it, and every other setting is held-out. The slot price (on by
 default) was not tuned; it was made the default after the full grid of 32 settings was run with
 and without it (docs/evidence/horizon_slot_price_full_*.csv), so the choice to turn it on was
-taken on all of them — its parameters were not.
+taken on all of them — its parameters were not. The fallback exit and the option to move (the
+defaults since 2026-12-05; docs/model.md §11.4a) were designed while looking at the tuned setting
+and at ShareGPT with ample KV memory in winter (:data:`DESIGNED_ON`, both marked not held-out);
+they add no parameter. The fresh weeks (:data:`FRESH_WEEKS`, grid ``"fresh"``) had never been
+replayed when they were designed: all 32 of their settings are held-out.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ from carbonrouter_lib import bound, prepared, replays, scale
 from carbonrouter_lib.replays import SEASONS
 from carbonrouter_lib.sweep import RunSpec
 
-__all__ = ["TARGET", "ONLINE", "REFERENCE", "VARIANTS", "NOISE", "TUNED", "SETTING", "GRIDS",
+__all__ = ["TARGET", "ONLINE", "REFERENCE", "VARIANTS", "NOISE", "TUNED", "FRESH_WEEKS", "WINDOWS",
+           "DESIGNED_ON", "SETTING", "GRIDS",
            "SCALE_GRIDS", "SCALE_BY", "setting", "grid", "grid_settings", "scale_grid", "table",
-           "scale_table", "verdicts", "variants_table", "bound_shares", "first_turn_split"]
+           "scale_table", "verdicts", "variants_table", "bound_shares", "first_turn_split",
+           "held_out"]
 
 #: The router evaluated (registry name; its defaults).
 TARGET = "carbonrouter-horizon"
@@ -52,12 +58,27 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "w/o model stickiness": {"model_stickiness": False},
     "+ cache release": {"release": True},
     "w/o slot price": {"slot_price": False},
+    "w/o option to move": {"option": False},
+    "w/o fallback exit (cheapest other model)": {"exit": "cheapest"},
+    "the former router (neither)": {"exit": "cheapest", "option": False},
 }
 #: Forecast-error sensitivity: σ of the log-normal error on every forecast value.
 NOISE: tuple[float, ...] = (0.1, 0.3, 0.6)
+#: Weeks never replayed before the router's fallback exit and option to move were designed: a
+#: held-out set beside the seasons (the Monday, 00:00 UTC, that starts each 7-day window; the
+#: "season" of a setting may name one of them).
+FRESH_WEEKS: dict[str, str] = {"february": "2022-02-07", "may": "2022-05-09",
+                               "august": "2022-08-08", "november": "2022-11-07"}
+#: Every replay window a setting may name: the seasons and the fresh weeks.
+WINDOWS: dict[str, str] = dict(SEASONS) | FRESH_WEEKS
 #: The setting the router was developed on (the only one not held-out).
 TUNED: dict[str, str] = {"dataset": "sharegpt", "region_set": "paper", "memory": "paper",
                          "season": "winter"}
+#: The settings looked at while the router was designed, so not held-out: the tuned one, and
+#: ShareGPT with ample KV memory in winter, whose loss to CarbonRouter's one-turn proposal the
+#: fallback exit and the option to move (2026-12-05) were designed against. Every other
+#: setting, and every fresh week (:data:`FRESH_WEEKS`), is held-out.
+DESIGNED_ON: tuple[dict[str, str], ...] = (TUNED, {**TUNED, "memory": "paper x10"})
 #: The columns that tell settings apart.
 SETTING: tuple[str, ...] = ("dataset", "region_set", "memory", "season")
 
@@ -73,7 +94,8 @@ def _settings(datasets, region_sets, memories, seasons) -> list[dict[str, str]]:
 #: Mooncake trace (winter), the ablations in the tuned setting; "extended" (the README's
 #: table): the four seasons, the ablations also with ample memory; "full": both datasets ×
 #: both region sets × both memory rules × the four seasons, the ablations in the four winter
-#: settings of the paper's regions; "smoke": the tuned setting (the notebook's tests).
+#: settings of the paper's regions; "smoke": the tuned setting (the notebook's tests); "fresh": the
+#: full grid's 32 settings in the fresh weeks (:data:`FRESH_WEEKS`), no ablations.
 GRIDS: dict[str, tuple[list[dict[str, str]], list[dict[str, str]]]] = {
     "reproduce": (
         _settings(["sharegpt"], ["paper"], ["paper"], ["winter", "summer"])
@@ -95,6 +117,8 @@ GRIDS: dict[str, tuple[list[dict[str, str]], list[dict[str, str]]]] = {
         _settings(["sharegpt", "mooncake"], ["paper"], ["paper", "paper x10"], ["winter"]),
     ),
     "smoke": ([dict(TUNED)], [dict(TUNED)]),
+    "fresh": (_settings(["sharegpt", "mooncake"], ["paper", "em-only"], ["paper", "paper x10"],
+                        list(FRESH_WEEKS)), []),
 }
 
 
@@ -130,11 +154,11 @@ def setting(st: Mapping[str, str], peak: int | str | None = None, seed: int = 0,
             max_conversations: int | None = None) -> replays.Setting:
     """The workload and simulation configs of a setting (a mapping with the :data:`SETTING`
     keys): :func:`carbonrouter_lib.replays.setting` with the season's window."""
-    if st["season"] not in SEASONS:
+    if st["season"] not in WINDOWS:
         raise ValueError(f"horizon_eval: unknown season {st['season']!r}; one of "
-                         f"{list(SEASONS)}")
+                         f"{list(WINDOWS)}")
     return replays.setting(st["dataset"], st["region_set"], peak, st["memory"],
-                           window_start=SEASONS[st["season"]], seed=seed,
+                           window_start=WINDOWS[st["season"]], seed=seed,
                            max_conversations=max_conversations)
 
 
@@ -198,10 +222,15 @@ def table(results: Mapping[str, Any], runs: pd.DataFrame, n_boot: int = 2000,
           seed: int = 0) -> pd.DataFrame:
     """Table 1's quantities of every run (:func:`carbonrouter_lib.scale.scale_table` with the
     horizon router as the target: ``saving_pct`` and its CI are *its* saving over the row's
-    policy or variant), plus ``held_out`` (False in :data:`TUNED`)."""
+    policy or variant), plus ``held_out`` (False in the settings of :data:`DESIGNED_ON`)."""
     t = scale.scale_table(results, runs, target=TARGET, n_boot=n_boot, seed=seed, by=SETTING)
-    tuned = np.logical_and.reduce([t[k] == v for k, v in TUNED.items()])
-    return t.assign(held_out=~tuned)
+    return t.assign(held_out=[held_out(st) for st in t[list(SETTING)].to_dict("records")])
+
+
+def held_out(st: Mapping[str, str]) -> bool:
+    """Whether setting ``st`` (the :data:`SETTING` keys) is held-out: not in
+    :data:`DESIGNED_ON`."""
+    return not any(all(st[k] == v for k, v in d.items()) for d in DESIGNED_ON)
 
 
 def verdicts(t: pd.DataFrame, by: Sequence[str] = SETTING) -> pd.DataFrame:
@@ -284,13 +313,12 @@ def bound_shares(results: Mapping[str, Any], runs: pd.DataFrame, peak: int | str
             extra = {"priced_bound_kg": pb["bound_g"] / 1e3, "ttl_bound_kg": pb["ttl_g"] / 1e3,
                      "slot_excess_unpriced": float(zero["slot_excess"]),
                      "kv_excess_unpriced": float(zero["kv_excess"])}
-        tuned = all(st[k] == v for k, v in TUNED.items())
         for p in mine:
             share = bound.share_of_possible_saving(sa, co2[p], b_kg)
             row = st | {"policy": p, "co2_kg": co2[p], "bound_kg": b_kg,
                         "session_affinity_kg": sa, "bound_rel": b_kg / sa,
                         "share_of_possible_saving": share, "rejected_share": rejected,
-                        "held_out": not tuned, **extra}
+                        "held_out": held_out(st), **extra}
             if priced:
                 row["share_of_priced_saving"] = bound.share_of_possible_saving(
                     sa, co2[p], extra["priced_bound_kg"])

@@ -259,18 +259,76 @@ def _forest(f, z, left, right, feature, threshold, default_left, tree_start, n_t
 @njit(cache=True)
 def horizon_future(future, miss, work, surv, rho, fc, post_m, new_m, out_m, stay_m, e_in,
                    e_cache, e_out, region, model, kv_pool, keep, n_models, cache_survival,
-                   model_stickiness):
+                   model_stickiness, fallback, eligible, phi, use_fallback, option):
     """The expected carbon of the session's future turns on each deployment, gCO2e, written to
-    ``future`` (n,) (``miss``: scratch (n,); ``work``: scratch (2·regions + 2·models,), so that
-    a decision allocates nothing); the sum of :mod:`carbonrouter_lib.policies.
-    horizon` in its closed form. ``surv`` (J,): S_k(j); ``rho``: the chance a future turn is
-    still on the chosen deployment, per turn; ``fc`` (regions, J): the forecast; ``post_m``,
-    ``new_m``, ``out_m``, ``stay_m`` per model: H_0, n̄_new, n̄_out, q_m; ``keep`` per KV pool:
-    p. Shared by the Python policy and the compiled loop, so both compute the same values (the
-    sums over j run in order)."""
+    ``future`` (n,) (``miss``: scratch (n,); ``work``: scratch (2·regions + 3·models,), so that
+    a decision allocates nothing); the sum of :mod:`carbonrouter_lib.policies.horizon`.
+    ``surv`` (J,): S_k(j); ``rho``: the chance a future turn is still on the chosen deployment,
+    per turn; ``fc`` (regions, J): the forecast; ``post_m``, ``new_m``, ``out_m``, ``stay_m``
+    per model: H_0, n̄_new, n̄_out, q_m; ``keep`` per KV pool: p. ``fallback`` (models,
+    models): where a session goes when its model turns infeasible (rows sum to 1, zero
+    diagonal), used with ``use_fallback`` (else the cheapest recomputing deployment of any other
+    model); ``eligible`` (models,): the models a later turn can need; ``phi`` per KV pool: the
+    chance a cache placed there evicts another; ``option``: price each future turn at the
+    cheaper of committing and moving (weighted by 1 − phi of the move's pool). Without
+    ``use_fallback`` and ``option`` the sum runs in its closed form (the former router's
+    operations, to the bit). Shared by the Python policy and the compiled loop, so both
+    compute the same values (the sums over j run in order)."""
     n_r, n_j = fc.shape
     a_r, b_r = work[:n_r], work[n_r:2 * n_r]
-    best, move = work[2 * n_r:2 * n_r + n_models], work[2 * n_r + n_models:]
+    best = work[2 * n_r:2 * n_r + n_models]
+    move = work[2 * n_r + n_models:2 * n_r + 2 * n_models]
+    nd = len(future)
+    if use_fallback or option:
+        # turn by turn: the option's min and the fallback's mixture do not sum in closed form
+        for d in range(nd):
+            future[d] = 0.0
+        for j in range(n_j):
+            sj = surv[j] * rho ** j
+            best[:] = np.inf
+            lo, at = np.inf, -1
+            for d in range(nd):
+                m = model[d]
+                c = fc[region[d], j]
+                h = post_m[m] + j * (new_m[m] + out_m[m])
+                miss[d] = c * (e_in[d] * new_m[m] + e_out[d] * out_m[m]) + c * e_in[d] * h
+                if miss[d] < best[m]:
+                    best[m] = miss[d]
+                if option and eligible[m] and miss[d] < lo:
+                    lo, at = miss[d], d
+            if model_stickiness:
+                for m in range(n_models):
+                    ex, ws = 0.0, 0.0
+                    if use_fallback:  # a model with no deployment here takes no weight
+                        for m2 in range(n_models):
+                            w = fallback[m, m2]
+                            if m2 != m and w > 0.0 and best[m2] < np.inf:
+                                ex += w * best[m2]
+                                ws += w
+                    if ws > 0.0:
+                        ex = ex / ws
+                    else:
+                        ex = np.inf
+                        for m2 in range(n_models):
+                            if m2 != m and best[m2] < ex:
+                                ex = best[m2]
+                    move[m] = ex
+            free = 1.0 - phi[kv_pool[at]] if at >= 0 else 0.0
+            for d in range(nd):
+                m = model[d]
+                c = fc[region[d], j]
+                h = post_m[m] + j * (new_m[m] + out_m[m])
+                if cache_survival:
+                    v = miss[d] - keep[kv_pool[d]] * c * (e_in[d] - e_cache[d]) * h
+                else:
+                    v = c * (e_in[d] * new_m[m] + e_out[d] * out_m[m]) + c * e_cache[d] * h
+                if model_stickiness and move[m] < np.inf:
+                    q = stay_m[m]
+                    v = q * v + (1 - q) * move[m]
+                if at >= 0 and lo < v:
+                    v = v - free * (v - lo)
+                future[d] += sj * v
+        return
     a_r[:] = 0.0
     b_r[:] = 0.0
     # j outside: S_k(j)·ρ^j once per turn, not per region (the pow dominated a decision); each
@@ -281,7 +339,7 @@ def horizon_future(future, miss, work, surv, rho, fc, post_m, new_m, out_m, stay
             w = fc[r, j] * sj
             a_r[r] += w
             b_r[r] += w * j
-    for d in range(len(future)):
+    for d in range(nd):
         m = model[d]
         a_d, b_d = a_r[region[d]], b_r[region[d]]
         n_new, n_out = new_m[m], out_m[m]
@@ -296,7 +354,7 @@ def horizon_future(future, miss, work, surv, rho, fc, post_m, new_m, out_m, stay
         # the cheapest recomputing deployment of each model, then for each model the cheapest
         # of the other models: where the session goes if its model turns infeasible
         best[:] = np.inf
-        for d in range(len(future)):
+        for d in range(nd):
             if miss[d] < best[model[d]]:
                 best[model[d]] = miss[d]
         move[:] = np.inf
@@ -304,7 +362,7 @@ def horizon_future(future, miss, work, surv, rho, fc, post_m, new_m, out_m, stay
             for m2 in range(n_models):
                 if m2 != m and best[m2] < move[m]:
                     move[m] = best[m2]
-        for d in range(len(future)):
+        for d in range(nd):
             q = stay_m[model[d]]
             future[d] = q * future[d] + (1 - q) * move[model[d]]
 
@@ -586,7 +644,7 @@ def _replay(
     f_base, g_kind, l_row, l_g, l_b, l_z, l_sw, l_st, l_n,
     h_j, h_online, h_rho, h_smoothing, h_cache_survival, h_stickiness, h_release, h_survival,
     h_new, h_out, h_stay, h_keep0, h_fc, h_row0, h_fold, h_slot, h_slot_s, h_surv_sum, h_tau,
-    h_slot_res,
+    h_slot_res, h_fallback, h_eligible, h_use_fallback, h_option, h_ref,
     c_row, c_dep, c_disp, c_compl, c_cached, c_ttft, c_be, c_rej, c_switch, c_opp, c_block,
     counters, time_decisions, dec_cyc,
 ):
@@ -657,7 +715,7 @@ def _replay(
     future = np.zeros(nd)
     miss_buf = np.zeros(nd)
     post_m = np.zeros(n_m)
-    h_work = np.empty(2 * n_regions + 2 * n_m)
+    h_work = np.empty(2 * n_regions + 3 * n_m)
     bw = _Branch(np.empty(n_pools, np.int64), np.empty(nd, np.int64), np.empty(nd),
                  np.empty(nd, np.bool_), np.empty(nd), np.empty(nd), np.empty(nd, np.bool_),
                  np.empty(nd, np.int64), np.empty(nd), np.empty(nd), np.empty(nd, np.bool_),
@@ -665,6 +723,7 @@ def _replay(
     e_base = np.empty(block)  # the query's energies (_energy_row)
     e_unc = np.empty(block)
     h_keep = np.full(n_kv, h_keep0)
+    h_phi = np.ones(n_kv)  # per KV pool: the chance a new cache there evicts another
     h_stayed = 1.0
     # the slot price (HorizonRouter.slot_price): displacement per first turn, mean nonzero
     # displacement, price per pool; the rate of first turns and the last one's time
@@ -841,11 +900,17 @@ def _replay(
                 return 2, t
             for m in range(n_m):
                 post_m[m] = hist_f[at + m] + new_f[at + m] + est_f[at + m]
+            if h_option:  # would this query's context fit in each KV pool without evicting?
+                need = post_m[h_ref]
+                for p in range(n_kv):
+                    full = 1.0 if kv_cap[p] - used[p] < need else 0.0
+                    h_phi[p] += h_smoothing * (full - h_phi[p])
             rho_now = h_stayed if h_online else h_rho
             horizon_future(future, miss_buf, h_work, h_survival[fo, kk, :h_j],
                            rho_now, h_fc[fr, fo], post_m, h_new[fo],
                            h_out[fo], h_stay[fo], e_in, e_cache, e_out, region, model, kvp_of,
-                           h_keep, n_m, h_cache_survival, h_stickiness)
+                           h_keep, n_m, h_cache_survival, h_stickiness, h_fallback[fo],
+                           h_eligible[fo], h_phi, h_use_fallback, h_option)
             for b in range(nd):
                 value[b] = e_unc[b % block]
             for jh in range(n_hits):
@@ -1147,7 +1212,9 @@ def rule(name: str, **params) -> dict:
                 h_new=np.zeros((1, 1)), h_out=np.zeros((1, 1)), h_stay=np.ones((1, 1)),
                 h_keep0=1.0, h_fc=np.zeros((1, 1, 1, 1)), h_row0=0,
                 h_fold=np.zeros(1, np.int64), h_slot=False, h_slot_s=0.01,
-                h_surv_sum=np.zeros((1, 1)), h_tau=np.zeros(1), h_slot_res=False)
+                h_surv_sum=np.zeros((1, 1)), h_tau=np.zeros(1), h_slot_res=False,
+                h_fallback=np.zeros((1, 1, 1)), h_eligible=np.ones((1, 1), np.bool_),
+                h_use_fallback=False, h_option=False, h_ref=0)
     unknown = set(params) - set(spec)
     if unknown:
         raise ValueError(f"kernel.rule: unknown parameters {sorted(unknown)}")

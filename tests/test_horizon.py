@@ -265,3 +265,167 @@ def test_forecast_noise_is_seeded_mean_preserving_and_only_noise():
     with pytest.raises(ValueError, match="forecast_noise"):
         HorizonRouter(forecast_noise=-0.1)
     assert HorizonRouter(forecast_noise=0.2, noise_seed=4).params()["forecast_noise"] == 0.2
+
+
+def _reference_future(surv, rho, fc, post_m, new_m, out_m, stay_m, e_in, e_cache, e_out,
+                      region, model, kv_pool, keep, cache_survival, stickiness, fallback,
+                      eligible, phi, use_fallback, option):
+    """The future term of policies/horizon.py written out turn by turn in numpy (the former
+    router, neither part on: its exit is the deployment of least *total* recomputation)."""
+    n_m = len(new_m)
+    total = np.zeros(len(e_in))
+    legacy = not (use_fallback or option)
+    stay_sum, miss_sum = np.zeros(len(e_in)), np.zeros(len(e_in))
+    for j in range(len(surv)):
+        c = fc[region, j]
+        h = post_m[model] + j * (new_m[model] + out_m[model])
+        base = c * (e_in * new_m[model] + e_out * out_m[model])
+        miss = base + c * e_in * h
+        v = (miss - keep[kv_pool] * c * (e_in - e_cache) * h) if cache_survival else (
+            base + c * e_cache * h)
+        if legacy:
+            stay_sum += surv[j] * rho ** j * v
+            miss_sum += surv[j] * rho ** j * miss
+            continue
+        if stickiness:
+            best = np.array([miss[model == k].min() for k in range(n_m)])
+            if use_fallback:
+                w = fallback * (1 - np.eye(n_m))
+                ex = (w * best[None, :]).sum(axis=1) / w.sum(axis=1)
+            else:
+                ex = np.array([np.delete(best, k).min() for k in range(n_m)])
+            v = stay_m[model] * v + (1 - stay_m[model]) * ex[model]
+        if option:
+            d = int(np.argmin(np.where(eligible[model], miss, np.inf)))
+            v = np.where(miss[d] < v, v - (1 - phi[kv_pool[d]]) * (v - miss[d]), v)
+        total += surv[j] * rho ** j * v
+    if legacy:
+        total = stay_sum
+        if stickiness:
+            best = np.array([miss_sum[model == k].min() for k in range(n_m)])
+            ex = np.array([np.delete(best, k).min() for k in range(n_m)])
+            total = stay_m[model] * stay_sum + (1 - stay_m[model]) * ex[model]
+    return total
+
+
+@pytest.mark.parametrize("use_fallback, option", [(False, False), (True, False), (False, True),
+                                                  (True, True)])
+@pytest.mark.parametrize("survival, stickiness", [(True, True), (False, True), (True, False)])
+def test_the_future_term_is_its_formula(use_fallback, option, survival, stickiness):
+    # kernel.horizon_future (the closed form of the former router where it applies, turn by
+    # turn otherwise) against the sum written out in numpy, on random deployments
+    from carbonrouter_lib import kernel
+
+    rng = np.random.default_rng(11)
+    n_r, n_m, n_j, n_kv = 3, 5, 6, 4
+    region = np.repeat(np.arange(n_r), 2 * n_m)
+    model = np.tile(np.arange(n_m), 2 * n_r)
+    n = len(model)
+    kv_pool = rng.integers(0, n_kv, n)
+    e_in = rng.uniform(0.5, 2.0, n)
+    e_cache, e_out = 0.05 * e_in, 6 * e_in
+    fallback = rng.uniform(0, 1, (n_m, n_m)) * (1 - np.eye(n_m))
+    fallback /= fallback.sum(axis=1, keepdims=True)
+    args = (rng.uniform(0.1, 1, n_j), 0.8, rng.uniform(50, 400, (n_r, n_j)),
+            rng.uniform(100, 5000, n_m), rng.uniform(10, 200, n_m), rng.uniform(50, 500, n_m),
+            rng.uniform(0, 1, n_m), e_in, e_cache, e_out, region, model, kv_pool,
+            rng.uniform(0.3, 1, n_kv))
+    eligible = np.array([False, True, True, True, True])
+    phi = rng.uniform(0, 1, n_kv)
+    future, miss, work = np.zeros(n), np.zeros(n), np.empty(2 * n_r + 3 * n_m)
+    kernel.horizon_future(future, miss, work, *args, n_m, survival, stickiness, fallback,
+                          eligible, phi, use_fallback, option)
+    expected = _reference_future(*args, survival, stickiness, fallback, eligible, phi,
+                                 use_fallback, option)
+    np.testing.assert_allclose(future, expected, rtol=1e-12)
+
+
+def test_the_fallback_is_learned_from_other_conversations():
+    cfg = prepared.WorkloadConfig(dataset="sharegpt", max_conversations=300, seed=3)
+    table = prepared.prepare_workload(prepared.with_copies(cfg, 2), use_cache=False)
+    model = fit_horizon_model(table, horizon=4, folds=4, seed=7)
+    conv = prepared.conversation_codes(table)
+    fold = conversation_folds(conv, 4, 7)
+    q = prepared.model_matrix(table, "quality")
+    feasible = q >= model.beta_q * q.max(axis=1, keepdims=True)
+    session = table["session"].to_numpy()
+    once = pd.Series(session).groupby(conv).transform("min").to_numpy() == session
+    # fold 0: consecutive turns of the other folds' conversations (each once) where a model
+    # turns infeasible, and the smallest model feasible then
+    pair = (session[1:] == session[:-1]) & once[:-1] & (fold[:-1] != 0)
+    for m in range(len(MODELS)):
+        lost = pair & feasible[:-1, m] & ~feasible[1:, m]
+        if lost.sum() < 5:
+            continue
+        dest = np.argmax(feasible[1:][lost], axis=1)
+        np.testing.assert_allclose(model.fallback[0, m],
+                                   np.bincount(dest, minlength=len(MODELS)) / lost.sum())
+    assert np.allclose(model.fallback.sum(axis=2), 1) and not np.diagonal(
+        model.fallback, axis1=1, axis2=2).any()
+    later = (table["turn"] > 0).to_numpy() & once & (fold != 0)
+    np.testing.assert_array_equal(model.eligible[0], feasible[later].any(axis=0))
+    # making fold 0's own conversations need the 70B only changes the others' fallback alone
+    other = table.copy()
+    small = [prepared.column("quality", m) for m in MODELS[:-1]]
+    other.loc[fold == 0, small] = 0.0
+    refit = fit_horizon_model(other, horizon=4, folds=4, seed=7)
+    np.testing.assert_array_equal(refit.fallback[0], model.fallback[0])
+    np.testing.assert_array_equal(refit.eligible[0], model.eligible[0])
+    assert not np.array_equal(refit.fallback[1], model.fallback[1])
+
+
+def test_keeps_the_big_models_cache_where_a_small_model_fits_one_turn():
+    # Turn 0 needs the 70B and leaves a cache of 20,500 tokens; turn 1 also fits Llama-3.2-3B
+    # and has a long answer, turn 2 needs the 70B again. Greedy: the 3B recomputes the history
+    # but its answer is far cheaper, so it switches. The router knows the 3B rarely stays
+    # feasible and that the session then falls back to the 70B, recomputing everything there:
+    # it stays. The former exit (the cheapest recomputing deployment of any other model, here
+    # Gemma-3-1B, never feasible) made that fall-back cheap, and it switched too.
+    both = (0.1, 0.9, 0.1, 0.1, 0.9)
+    table = make_table([(0.0, [{"new": 20_000, "out": 500}, {"new": 100, "out": 3_000,
+                                                              "think": 60.0, "quality": both},
+                               {"new": 100, "out": 500, "think": 60.0}])])
+    rows = 2 * DAY
+    sig = signal_from(np.full(rows, 200.0), np.full(rows, 200.0))
+    greedy = replay(table, "carbonrouter-no-gate", sig)
+    assert greedy.loc[1, "model"] == "Llama-3.2-3B"
+    n_m = len(MODELS)
+    stay = np.ones((2, n_m))
+    stay[:, MODELS.index("Llama-3.2-3B")] = 0.0
+    eligible = np.zeros((2, n_m), dtype=bool)
+    eligible[:, -1] = True
+    hand = HorizonModel(folds=2, seed=0, horizon=1, survival=np.ones((2, 4, 1)),
+                        new_tokens=np.full((2, n_m), 100.0), out_tokens=np.full((2, n_m), 500.0),
+                        stay_feasible=stay, gap_s=np.full(2, 60.0), keep_prior=np.ones(2),
+                        beta_q=0.85, eligible=eligible)
+    h = replay(table, HorizonRouter(horizon=1, forecast="persistence", continuation=1.0,
+                                    slot_price=False, model=hand), sig)
+    assert list(h["model"]) == ["Llama-3.1-70B"] * 3 and not h["switched"].any()
+    former = replay(table, HorizonRouter(horizon=1, forecast="persistence", continuation=1.0,
+                                         slot_price=False, exit="cheapest", model=hand), sig)
+    assert former.loc[1, "model"] == "Llama-3.2-3B"
+
+
+def test_the_option_to_move_follows_the_room_in_the_kv_pools():
+    # φ, the chance a new cache evicts another, is learned per KV pool from the pools' free
+    # memory. Where no context ever fits (a one-token pool) φ stays 1 and the option to move is
+    # worth nothing: every decision is the router's without it. With ample memory φ falls to 0,
+    # the option prices the future and decisions change.
+    import dataclasses
+
+    table, sim, model = _slot_table()
+    tight = setting.backend_config(table, sim)
+    full = dataclasses.replace(tight, kv_tokens_per_pool=1)
+    ample = dataclasses.replace(tight, kv_tokens_per_pool=1e12)
+    runs = {}
+    for label, backend in (("full", full), ("ample", ample)):
+        for option in (True, False):
+            router = HorizonRouter(option=option, model=model)
+            runs[label, option] = simulator.simulate(table, router, sim, backend=backend,
+                                                     engine="python").records
+            if option:
+                phi = router._bound.phi
+                assert (phi == 1.0).all() if label == "full" else phi.max() < 0.01
+    pd.testing.assert_frame_equal(runs["full", True][DECISION_COLUMNS],
+                                  runs["full", False][DECISION_COLUMNS])
+    assert not runs["ample", True]["deployment"].equals(runs["ample", False]["deployment"])

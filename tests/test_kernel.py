@@ -79,6 +79,12 @@ def policies(gate: LearnedGate, table: pd.DataFrame, config: SimulationConfig):
                                                             cache_survival=False)
     yield "horizon same-hour, no stickiness, rho 0.8", HorizonRouter(
         forecast="same-hour-yesterday", model_stickiness=False, continuation=0.8, horizon=5)
+    # the former router: the cheapest other model as the exit, no option to move (closed form)
+    yield "horizon former (cheapest exit, no option)", HorizonRouter(exit="cheapest",
+                                                                      option=False)
+    yield "horizon fallback exit, no option", HorizonRouter(option=False)
+    yield "horizon option, cheapest exit, no survival", HorizonRouter(
+        exit="cheapest", cache_survival=False, smoothing=0.3)
 
 
 def assert_engines_agree(table, config, signal, backend, gate) -> dict:

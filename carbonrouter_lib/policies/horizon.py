@@ -5,13 +5,17 @@ CarbonRouter's proposal prices one turn: Ĉ_k(a) = CI_r(d)·E_k(a) with Eq. 4's 
 e_in·(N_new + N_hist − L(a)) + e_cache·L(a) + e_out·N̂_out. A cache's value, though, accrues over
 every *remaining* turn — if the cache survives — and a region's advantage lasts only as long as
 its intensity does. The horizon router adds, for each candidate a, the expected carbon of the
-session's future turns if it stays on a:
+session's future turns:
 
-    H(a) = Ĉ_k(a) + Σ_{j=1..J} S_k(j) · [q_m·(p_a·C⁺_j(a) + (1 − p_a)·C⁻_j(a)) + (1 − q_m)·M_j(m)]
+    H(a) = Ĉ_k(a) + Σ_{j=1..J} S_k(j)·ρ^(j−1)·V_j(a)
+    V_j(a) = U_j(a) − (1 − φ_{p*_j})·max(U_j(a) − X_j, 0)                     (option to move)
+    U_j(a) = q_m·(p_a·C⁺_j(a) + (1 − p_a)·C⁻_j(a)) + (1 − q_m)·Σ_{m′} f_{m→m′}·M_j(m′)   (commit)
 
 - S_k(j) = P(K > k + j | K > k): the chance the session (K turns, 0-based turn k now) reaches
   turn k + j, from the session lengths of *training* conversations (other folds of a hash of the
-  conversation, as the gate's; never the session itself or a copy of its conversation).
+  conversation, as the gate's; never the session itself or a copy of its conversation); ρ the
+  continuation, the chance a later turn stays where this one goes (the share of the router's
+  own later turns that stayed, online; ``continuation``).
 - C⁺_j(a) = Î_r(d + j·τ) · (e_in·n̄_new + e_cache·H_j + e_out·n̄_out): turn k + j on a with its
   history cached, and C⁻_j(a) the same with the history recomputed (e_in·H_j for e_cache·H_j);
   H_j = H_0 + (j − 1)·(n̄_new + n̄_out) its history, H_0 = N_hist + N_new + N̂_out after this turn,
@@ -23,17 +27,38 @@ session's future turns if it stays on a:
   previous deployment b; an exponential average, started at the training sessions' share of
   think times within the TTL).
 - q_m: the chance model m stays quality-feasible at the next turn given it is now (training
-  conversations); with 1 − q_m the session must move to another model and recompute there,
-  M_j(m) = min over deployments a′ of another model of C⁻_j(a′) (*model stickiness*: a small model
-  feasible for this turn against the big model's cache).
+  conversations). With 1 − q_m the session must leave m (*model stickiness*: a small model
+  feasible for this turn against the big model's cache), and it goes where training sessions
+  went: f_{m→m′}, the share of the turns where m turned infeasible whose smallest feasible model
+  was m′ (:attr:`HorizonModel.fallback`), recomputing its history on the cheapest deployment of
+  m′, M_j(m′) = min over deployments a′ of m′ of C⁻_j(a′). The former router sent it to the
+  cheapest recomputing deployment of *any* other model (``exit="cheapest"``), on ShareGPT
+  Gemma-3-1B, which is never feasible: a turn on a small model looked cheap to leave, and the
+  router hopped there and back, recomputing the big model's history each time.
+- X_j = min over deployments a′ of the models a later turn can need (:attr:`HorizonModel.
+  eligible`) of C⁻_j(a′): moving at turn k + j to the least-carbon deployment, recomputing; p*_j
+  its KV pool. φ_p is the chance a new cache in pool p evicts another: an exponential average
+  (``smoothing``) over queries of whether this query's context (in the reference model's tokens)
+  would not fit in p's free KV memory, started at 1.
+
+Why the option is weighted by φ. Committing to a (U_j) is right when leaving is expensive: the
+move recomputes the history, and the caches a session leaves behind and the one it builds
+elsewhere take memory other sessions lose. Where the move's pool has room, a later move costs its
+recomputation only, so a future turn costs at most X_j, whatever a is; where the pool is full
+(φ = 1) the move's cache evicts others' as much as it saves and the router commits, as the former
+router always did. Both parts were designed on the tuned setting and on ShareGPT with ample KV
+memory in winter (where committing lost to CarbonRouter's one-turn proposal); they add no
+parameter (φ's smoothing is the cache survival's).
 
 With J = 0 the sum is empty and the router is CarbonRouter's proposal (argmin Ĉ_k, first index
-on ties); it decides only from what is known at dispatch. The sum has a closed form: with
-w_j = S_k(j)·Î_r(d + j·τ), Σ_j w_j·H_j = H_0·A_r + (n̄_new + n̄_out)·B_r with A_r = Σ_j w_j and
-B_r = Σ_j (j − 1)·w_j, so a decision costs two (regions × J) dot products and a few operations
-over the deployments. Parts switch off for ablations: ``horizon=0`` (no horizon pricing),
-``forecast="persistence"`` (no forecast), ``cache_survival=False`` (p = 1), ``model_stickiness=
-False`` (q = 1). ``release=True`` is a variant that needs the backend: when a turn leaves a
+on ties); it decides only from what is known at dispatch. The former router's sum (``exit=
+"cheapest"``, ``option=False``) has a closed form: with w_j = S_k(j)·ρ^(j−1)·Î_r(d + j·τ),
+Σ_j w_j·H_j = H_0·A_r + (n̄_new + n̄_out)·B_r with A_r = Σ_j w_j and B_r = Σ_j (j − 1)·w_j, and
+its exit takes the deployment of least total recomputation over the J turns; with the fallback
+exit or the option the terms are summed turn by turn, O(J·deployments) per decision. Parts switch
+off for ablations: ``horizon=0`` (no horizon pricing), ``forecast="persistence"`` (no forecast),
+``cache_survival=False`` (p = 1), ``model_stickiness=False`` (q = 1), ``exit="cheapest"``,
+``option=False``. ``release=True`` is a variant that needs the backend: when a turn leaves a
 session's previous deployment it asks the backend to drop the cache left there (it would only
 crowd other sessions' caches), via :meth:`Policy.released`.
 
@@ -69,11 +94,15 @@ import pandas as pd
 from carbonrouter_lib import cost, kernel
 from carbonrouter_lib.paper import DEFAULTS
 from carbonrouter_lib.policies.base import Candidates, Policy, QueryContext
+from carbonrouter_lib.profiles import MODELS, REFERENCE_DEPLOYMENT
 
-__all__ = ["HorizonModel", "HorizonRouter", "fit_horizon_model", "forecast_error", "LEARNED"]
+__all__ = ["HorizonModel", "HorizonRouter", "fit_horizon_model", "forecast_error", "LEARNED",
+           "EXITS"]
 
 #: ``model=LEARNED``: the horizon model is fitted on the replayed workload by the runner.
 LEARNED = "learned"
+#: Where model stickiness sends a session whose model turns infeasible (``HorizonRouter.exit``).
+EXITS: tuple[str, ...] = ("fallback", "cheapest")
 
 
 @dataclass
@@ -100,6 +129,15 @@ class HorizonModel:
         (folds,): share of think times within the TTL (the prior of the cache survival).
     beta_q
         The quality threshold the feasibility rates were computed with.
+    fallback
+        (folds, n_models, n_models): row m, the share of the training turns where model m,
+        feasible at turn k, is infeasible at turn k + 1 whose smallest feasible model is each
+        other model — where a session on m goes when m turns infeasible. Zero diagonal, rows
+        sum to 1; a model never seen turning infeasible falls back to the largest model (the
+        second largest for the largest). None (a hand-built model): that default everywhere.
+    eligible
+        (folds, n_models) bool: the models feasible at some later turn (turn ≥ 1) of a training
+        conversation, the ones a future move can go to. None: every model.
     """
 
     folds: int
@@ -113,6 +151,22 @@ class HorizonModel:
     keep_prior: np.ndarray
     beta_q: float
     meta: dict = field(default_factory=dict)
+    fallback: np.ndarray | None = None
+    eligible: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n_m = self.new_tokens.shape[1]
+        if self.fallback is None:
+            self.fallback = np.repeat(_largest_fallback(n_m)[None], self.folds, axis=0)
+        if self.eligible is None:
+            self.eligible = np.ones((self.folds, n_m), dtype=bool)
+        self.fallback = np.ascontiguousarray(self.fallback, np.float64)
+        self.eligible = np.ascontiguousarray(self.eligible, np.bool_)
+        if self.fallback.shape != (self.folds, n_m, n_m) or self.eligible.shape != (
+                self.folds, n_m):
+            raise ValueError(f"HorizonModel: fallback must be (folds, models, models) and "
+                             f"eligible (folds, models), got {self.fallback.shape}, "
+                             f"{self.eligible.shape}")
 
     def fold_of(self, conversation: int) -> int:
         from carbonrouter_lib.prepared import conversation_folds
@@ -129,7 +183,6 @@ def fit_horizon_model(table: pd.DataFrame, beta_q: float = DEFAULTS["beta_q"],
     conversations of the *other* folds (each conversation counted once, however many copies the
     replay has of it)."""
     from carbonrouter_lib import prepared
-    from carbonrouter_lib.prepared import MODELS
 
     if horizon < 0 or folds < 2:
         raise ValueError(f"horizon must be ≥ 0 and folds ≥ 2, got {horizon}, {folds}")
@@ -154,6 +207,9 @@ def fit_horizon_model(table: pd.DataFrame, beta_q: float = DEFAULTS["beta_q"],
     new_mean = np.zeros((folds, n_m))
     out_mean = np.zeros((folds, n_m))
     stay = np.ones((folds, n_m))
+    fallback = np.repeat(_largest_fallback(n_m)[None], folds, axis=0)
+    eligible = np.zeros((folds, n_m), dtype=bool)
+    smallest = np.argmax(feasible, axis=1)  # MODELS run from the smallest to the largest
     gap = np.zeros(folds)
     keep = np.zeros(folds)
     for f in range(folds):
@@ -179,10 +235,28 @@ def fit_horizon_model(table: pd.DataFrame, beta_q: float = DEFAULTS["beta_q"],
         with np.errstate(invalid="ignore", divide="ignore"):
             rate = both.sum(axis=0) / now.sum(axis=0)
         stay[f] = np.where(now.sum(axis=0) > 0, rate, 1.0)
+        # where a session goes when its model turns infeasible: the smallest model feasible then
+        dest = smallest[1:][nxt]
+        for m in range(n_m):
+            lost = now[:, m] & ~feasible[1:][nxt][:, m]
+            if lost.any():
+                fallback[f, m] = np.bincount(dest[lost], minlength=n_m) / lost.sum()
+        eligible[f] = feasible[later].any(axis=0) if later.any() else True
     return HorizonModel(folds=folds, seed=seed, horizon=horizon, survival=surv,
                         new_tokens=new_mean, out_tokens=out_mean, stay_feasible=stay, gap_s=gap,
                         keep_prior=keep, beta_q=float(beta_q),
-                        meta={"n_conversations": int(len(np.unique(conv))), "ttl_s": ttl_s})
+                        meta={"n_conversations": int(len(np.unique(conv))), "ttl_s": ttl_s},
+                        fallback=fallback, eligible=eligible)
+
+
+def _largest_fallback(n_m: int) -> np.ndarray:
+    """(n_m, n_m): every model falls back to the largest, the largest to the second largest."""
+    w = np.zeros((n_m, n_m))
+    w[:, n_m - 1] = 1.0
+    if n_m > 1:
+        w[n_m - 1] = 0.0
+        w[n_m - 1, n_m - 2] = 1.0
+    return w
 
 
 class HorizonRouter(Policy):
@@ -225,6 +299,15 @@ class HorizonRouter(Policy):
         and D̄ count the future turns weighted by the continuation ρ^(j−1) of the future term
         (``τ·(½ + Σ_j S_k(j)·ρ^(j−1))``) — the price backs off where the router switches
         often (module docstring). Default False.
+    exit : str
+        Where model stickiness sends a session whose model turns infeasible: ``"fallback"``
+        (default) the model the training conversations fell back to
+        (:attr:`HorizonModel.fallback`), ``"cheapest"`` the cheapest recomputing deployment of
+        any other model (the former router's M_j).
+    option : bool
+        Price each future turn at the cheaper of committing to the candidate and moving to the
+        least-carbon deployment of a model a later turn can need, the move weighted by the chance
+        its KV pool has room (1 − φ; module docstring). Default True.
     """
 
     name = "carbonrouter-horizon"
@@ -234,7 +317,8 @@ class HorizonRouter(Policy):
                  continuation: float | str = "online",
                  model: HorizonModel | str = LEARNED, forecast_noise: float = 0.0,
                  noise_seed: int = 0, slot_price: bool | None = None,
-                 slot_smoothing: float = 0.01, slot_residence: bool = False) -> None:
+                 slot_smoothing: float = 0.01, slot_residence: bool = False,
+                 exit: str = "fallback", option: bool = True) -> None:
         from carbonrouter_lib.forecast import FORECASTERS
 
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
@@ -244,10 +328,12 @@ class HorizonRouter(Policy):
                              f"got {forecast!r}")
         if slot_price is None:
             slot_price = horizon > 0
+        if exit not in EXITS:
+            raise ValueError(f"HorizonRouter.exit must be one of {EXITS}, got {exit!r}")
         for name, v in (("cache_survival", cache_survival), ("model_stickiness",
                                                              model_stickiness),
                         ("release", release), ("slot_price", slot_price),
-                        ("slot_residence", slot_residence)):
+                        ("slot_residence", slot_residence), ("option", option)):
             if not isinstance(v, bool):
                 raise ValueError(f"HorizonRouter.{name} must be a bool, got {v!r}")
         for name, v in (("smoothing", smoothing), ("slot_smoothing", slot_smoothing)):
@@ -260,6 +346,7 @@ class HorizonRouter(Policy):
             raise ValueError("HorizonRouter.slot_residence needs slot_price=True")
         self.slot_price, self.slot_smoothing = slot_price, float(slot_smoothing)
         self.slot_residence = slot_residence
+        self.exit, self.option = exit, option
         if not (continuation == "online" or (isinstance(continuation, int | float)
                                               and not isinstance(continuation, bool)
                                               and 0 <= continuation <= 1)):
@@ -313,7 +400,7 @@ class HorizonRouter(Policy):
             p["slot_smoothing"] = self.slot_smoothing
         if self.slot_residence:
             p |= {"slot_residence": True}
-        return p
+        return p | {"exit": self.exit, "option": self.option}
 
     # ---- per-run state ----------------------------------------------------------------------
 
@@ -347,7 +434,11 @@ class HorizonRouter(Policy):
         state.clock = np.array([0.0, math.nan])  # Λ (1/s), the last first turn's time (s)
         state.pi, state.price = np.zeros(d.n_pools), np.zeros(d.n)
         state.surv_sum = _survival_sums(model, self.horizon)
-        state.work = np.empty(2 * len(d.regions) + 2 * len(d.models))
+        state.work = np.empty(2 * len(d.regions) + 3 * len(d.models))
+        # per KV pool: the chance a new cache there evicts another; 1 until seen otherwise, so
+        # that a router with no evidence of room commits as the former router did
+        state.phi = np.ones(len(state.keep))
+        state.ref = MODELS.index(REFERENCE_DEPLOYMENT[0])
         return state
 
     # ---- the decision -----------------------------------------------------------------------
@@ -366,7 +457,8 @@ class HorizonRouter(Policy):
             st.future, st.miss, st.work, model.survival[f, k, :self.horizon], float(rho), fc,
             post, model.new_tokens[f], model.out_tokens[f], model.stay_feasible[f], st.e_in,
             st.e_cache, st.e_out, st.region, st.model, st.kv_pool, st.keep,
-            st.other_models.shape[0], self.cache_survival, self.model_stickiness)
+            st.other_models.shape[0], self.cache_survival, self.model_stickiness,
+            model.fallback[f], model.eligible[f], st.phi, self.exit == "fallback", self.option)
         if self.slot_price:
             return cand.argmin(cand.carbon + st.future
                                + self._slot_prices(ctx, cand, st, f, k, float(rho)))
@@ -385,6 +477,13 @@ class HorizonRouter(Policy):
             if hist_b > 0:
                 pool = st.kv_pool[b]
                 st.keep[pool] += self.smoothing * (ctx.cached[b] / hist_b - st.keep[pool])
+        if self.option:
+            # does this query's context (in the reference model's tokens) fit in each KV pool
+            # without evicting another cache?
+            r = st.ref
+            need = ctx.n_hist_m[r] + ctx.n_new_m[r] + ctx.n_out_est_m[r]
+            free = ctx.backend.kv_capacities() - ctx.backend.pool_used_tokens()
+            st.phi += self.smoothing * ((free < need).astype(np.float64) - st.phi)
         return st
 
     def _slot_prices(self, ctx: QueryContext, cand: Candidates, st: _RunState, f: int,
@@ -444,7 +543,10 @@ class HorizonRouter(Policy):
             h_fold=conversation_folds(info.conversations, model.folds, model.seed).astype(
                 np.int64), h_slot=self.slot_price, h_slot_s=self.slot_smoothing,
             h_surv_sum=_survival_sums(model, self.horizon),
-            h_tau=np.ascontiguousarray(model.gap_s, np.float64), h_slot_res=self.slot_residence)
+            h_tau=np.ascontiguousarray(model.gap_s, np.float64), h_slot_res=self.slot_residence,
+            h_fallback=model.fallback, h_eligible=model.eligible,
+            h_use_fallback=self.exit == "fallback", h_option=self.option,
+            h_ref=MODELS.index(REFERENCE_DEPLOYMENT[0]))
 
     def on_served(self, ctx: QueryContext, a: int) -> None:
         st = self._bound
