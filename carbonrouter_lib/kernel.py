@@ -259,10 +259,10 @@ def _forest(f, z, left, right, feature, threshold, default_left, tree_start, n_t
 @njit(cache=True)
 def horizon_future(future, miss, work, surv, rho, fc, post_m, new_m, out_m, stay_m, e_in,
                    e_cache, e_out, region, model, kv_pool, keep, n_models, cache_survival,
-                   model_stickiness, fallback, eligible, phi, use_fallback, option):
+                   model_stickiness, fallback, eligible, phi, use_fallback, option, mask, dom):
     """The expected carbon of the session's future turns on each deployment, gCO2e, written to
-    ``future`` (n,) (``miss``: scratch (n,); ``work``: scratch (2·regions + 3·models,), so that
-    a decision allocates nothing); the sum of :mod:`carbonrouter_lib.policies.horizon`.
+    ``future`` (n,) (``miss``: scratch (n,); ``work``: scratch of :func:`horizon_work_size`, so
+    that a decision allocates nothing); the sum of :mod:`carbonrouter_lib.policies.horizon`.
     ``surv`` (J,): S_k(j); ``rho``: the chance a future turn is still on the chosen deployment,
     per turn; ``fc`` (regions, J): the forecast; ``post_m``, ``new_m``, ``out_m``, ``stay_m``
     per model: H_0, n̄_new, n̄_out, q_m; ``keep`` per KV pool: p. ``fallback`` (models,
@@ -272,62 +272,168 @@ def horizon_future(future, miss, work, surv, rho, fc, post_m, new_m, out_m, stay
     chance a cache placed there evicts another; ``option``: price each future turn at the
     cheaper of committing and moving (weighted by 1 − phi of the move's pool). Without
     ``use_fallback`` and ``option`` the sum runs in its closed form (the former router's
-    operations, to the bit). Shared by the Python policy and the compiled loop, so both
-    compute the same values (the sums over j run in order)."""
+    operations, to the bit); with either, turn by turn, for the candidates (``mask``) only (0
+    elsewhere), the deployments numbered region-major with the same energies in every region
+    (:meth:`carbonrouter_lib.deployments.Deployments.build`'s). Shared by the Python policy and
+    the compiled loop, so both compute the same values (the sums over j run in order)."""
     n_r, n_j = fc.shape
     a_r, b_r = work[:n_r], work[n_r:2 * n_r]
     best = work[2 * n_r:2 * n_r + n_models]
     move = work[2 * n_r + n_models:2 * n_r + 2 * n_models]
     nd = len(future)
     if use_fallback or option:
-        # turn by turn: the option's min and the fallback's mixture do not sum in closed form
+        # turn by turn: the option's min and the fallback's mixture do not sum in closed form.
+        # Deployments are numbered region-major with the same (GPU, model) block of energies in
+        # every region (Deployments.build), so turn j on a deployment costs its region's
+        # forecast times its block's energy α_b + j·β_b (the history grows by n̄_new + n̄_out a
+        # turn), and a model's least over the deployments is the least forecast times its
+        # least block energy (intensities are ≥ 0). ``dom``: each model's block of least e_in
+        # and least e_out, least at every turn (−1 where no block is both; then every turn
+        # searches the blocks). First the turns' minima, then each candidate's sum over them.
+        block = nd // n_r
+        last = n_j - 1
+        o = 0
+        alpha, o = work[o:o + block], o + block
+        beta, o = work[o:o + block], o + block
+        w_s, o = work[o:o + n_j], o + n_j  # S_k(j)·ρ^j
+        w_lo, o = work[o:o + n_j], o + n_j  # the move's carbon (∞: no option)
+        w_free, o = work[o:o + n_j], o + n_j  # the chance its pool has room
+        w_ex, o = work[o:o + n_models * n_j], o + n_models * n_j  # the exit, per model
+        need, o = work[o:o + n_models], o + n_models  # the candidates' models
+        ex_a, o = work[o:o + n_models], o + n_models  # the exit's energy: ex_a + j·ex_b
+        ex_b, o = work[o:o + n_models], o + n_models
+        best, o = work[o:o + n_models], o + n_models  # each model's least energy at turn j
+        vv, o = work[o:o + n_j], o + n_j  # a candidate's terms
+        zero = work[o:o + n_j]
+        zero[:] = 0.0
+        need[:] = 0.0
         for d in range(nd):
             future[d] = 0.0
+            if mask[d]:
+                need[model[d]] = 1.0
+        for b in range(block):
+            m = model[b]
+            alpha[b] = e_in[b] * (new_m[m] + post_m[m]) + e_out[b] * out_m[m]
+            beta[b] = e_in[b] * (new_m[m] + out_m[m])
+        lines = True  # every model has its least block at every turn
+        for m in range(n_models):
+            lines = lines and dom[m] >= 0
+        # the option's move: the least block of the eligible models, fixed if the same at the
+        # first and the last turn
+        m0 = -1
+        if option and lines:
+            e0, e1, m1 = np.inf, np.inf, -1
+            for m in range(n_models):
+                b = dom[m]
+                if eligible[m]:
+                    if alpha[b] < e0:
+                        e0, m0 = alpha[b], b
+                    if alpha[b] + last * beta[b] < e1:
+                        e1, m1 = alpha[b] + last * beta[b], b
+            if m0 != m1:
+                m0 = -2  # it changes: search at every turn
+        # the exit as a line in j where its energies are (the fallback's mixture of lines)
+        linear_exit = lines and use_fallback
+        if model_stickiness and linear_exit:
+            for m in range(n_models):
+                ea, eb, ws = 0.0, 0.0, 0.0
+                for m2 in range(n_models):
+                    w = fallback[m, m2]
+                    if m2 != m and w > 0.0:
+                        ea += w * alpha[dom[m2]]
+                        eb += w * beta[dom[m2]]
+                        ws += w
+                if ws > 0.0:
+                    ex_a[m], ex_b[m] = ea / ws, eb / ws
+                else:
+                    ex_a[m], ex_b[m] = np.inf, 0.0
+        rho_j = 1.0
         for j in range(n_j):
-            sj = surv[j] * rho ** j
-            best[:] = np.inf
-            lo, at = np.inf, -1
-            for d in range(nd):
-                m = model[d]
-                c = fc[region[d], j]
-                h = post_m[m] + j * (new_m[m] + out_m[m])
-                miss[d] = c * (e_in[d] * new_m[m] + e_out[d] * out_m[m]) + c * e_in[d] * h
-                if miss[d] < best[m]:
-                    best[m] = miss[d]
-                if option and eligible[m] and miss[d] < lo:
-                    lo, at = miss[d], d
+            w_s[j] = surv[j] * rho_j  # ρ^j as a running product: no pow per turn
+            rho_j *= rho
+            c_lo, r_lo = np.inf, 0
+            for r in range(n_r):
+                if fc[r, j] < c_lo:
+                    c_lo, r_lo = fc[r, j], r
+            b_lo = m0
+            if not lines or m0 == -2 or (model_stickiness and not linear_exit):
+                for m in range(n_models):
+                    best[m] = np.inf
+                e_lo, b_lo2 = np.inf, -1
+                if lines:
+                    for m in range(n_models):
+                        b = dom[m]
+                        e = alpha[b] + j * beta[b]
+                        best[m] = e
+                        if option and e < e_lo and eligible[m]:
+                            e_lo, b_lo2 = e, b
+                else:
+                    for b in range(block):
+                        m = model[b]
+                        e = alpha[b] + j * beta[b]
+                        if e < best[m]:
+                            best[m] = e
+                        if option and e < e_lo and eligible[m]:
+                            e_lo, b_lo2 = e, b
+                if m0 < 0:
+                    b_lo = b_lo2
+            if b_lo >= 0:
+                w_lo[j] = c_lo * (alpha[b_lo] + j * beta[b_lo])
+                w_free[j] = 1.0 - phi[kv_pool[r_lo * block + b_lo]]
+            else:
+                w_lo[j], w_free[j] = np.inf, 0.0
             if model_stickiness:
                 for m in range(n_models):
-                    ex, ws = 0.0, 0.0
-                    if use_fallback:  # a model with no deployment here takes no weight
-                        for m2 in range(n_models):
-                            w = fallback[m, m2]
-                            if m2 != m and w > 0.0 and best[m2] < np.inf:
-                                ex += w * best[m2]
-                                ws += w
-                    if ws > 0.0:
-                        ex = ex / ws
+                    if need[m] == 0.0:
+                        continue
+                    if linear_exit:
+                        ex = ex_a[m] + j * ex_b[m]
                     else:
-                        ex = np.inf
-                        for m2 in range(n_models):
-                            if m2 != m and best[m2] < ex:
-                                ex = best[m2]
-                    move[m] = ex
-            free = 1.0 - phi[kv_pool[at]] if at >= 0 else 0.0
-            for d in range(nd):
-                m = model[d]
-                c = fc[region[d], j]
-                h = post_m[m] + j * (new_m[m] + out_m[m])
-                if cache_survival:
-                    v = miss[d] - keep[kv_pool[d]] * c * (e_in[d] - e_cache[d]) * h
-                else:
-                    v = c * (e_in[d] * new_m[m] + e_out[d] * out_m[m]) + c * e_cache[d] * h
-                if model_stickiness and move[m] < np.inf:
-                    q = stay_m[m]
-                    v = q * v + (1 - q) * move[m]
-                if at >= 0 and lo < v:
-                    v = v - free * (v - lo)
-                future[d] += sj * v
+                        ex, ws = 0.0, 0.0
+                        if use_fallback:  # a model with no deployment here takes no weight
+                            for m2 in range(n_models):
+                                w = fallback[m, m2]
+                                if m2 != m and w > 0.0 and best[m2] < np.inf:
+                                    ex += w * best[m2]
+                                    ws += w
+                        if ws > 0.0:
+                            ex = ex / ws
+                        else:
+                            ex = np.inf
+                            for m2 in range(n_models):
+                                if m2 != m and best[m2] < ex:
+                                    ex = best[m2]
+                    w_ex[m * n_j + j] = c_lo * ex
+        for d in range(nd):
+            if not mask[d]:
+                continue
+            r = region[d]
+            b = d - r * block
+            m = model[b]
+            g = new_m[m] + out_m[m]
+            de = keep[kv_pool[d]] * (e_in[b] - e_cache[b])
+            q = stay_m[m]
+            # the turns' terms in a loop without a branch or a carried dependence (it
+            # vectorizes), then their sum in the order of j; without an exit, q = 1 and the exit
+            # row is 0, so v is unchanged
+            if cache_survival:
+                a0, a1 = alpha[b] - de * post_m[m], beta[b] - de * g
+            else:
+                a0 = e_in[b] * new_m[m] + e_out[b] * out_m[m] + e_cache[b] * post_m[m]
+                a1 = e_cache[b] * g
+            if model_stickiness and w_ex[m * n_j] < np.inf:
+                ex = w_ex[m * n_j:(m + 1) * n_j]
+            else:
+                ex, q = zero, 1.0
+            c_r = fc[r]
+            for j in range(n_j):
+                v = c_r[j] * (a0 + j * a1)
+                v = q * v + (1 - q) * ex[j]
+                vv[j] = w_s[j] * (v - w_free[j] * max(v - w_lo[j], 0.0))
+            total = 0.0
+            for j in range(n_j):
+                total += vv[j]
+            future[d] = total
         return
     a_r[:] = 0.0
     b_r[:] = 0.0
@@ -368,6 +474,32 @@ def horizon_future(future, miss, work, surv, rho, fc, post_m, new_m, out_m, stay
 
 
 @njit(cache=True)
+def dominant_blocks(e_in, e_out, model, n_models, block):
+    """Per model, the first block (deployment index < ``block``: a (GPU, model) of the first
+    region) whose e_in and e_out are both the model's least, so that it costs least at every
+    turn of :func:`horizon_future`; −1 where no block is both. int64 (n_models,)."""
+    dom = np.full(n_models, -1, np.int64)
+    for m in range(n_models):
+        lo_in, lo_out = np.inf, np.inf
+        for b in range(block):
+            if model[b] == m:
+                lo_in = min(lo_in, e_in[b])
+                lo_out = min(lo_out, e_out[b])
+        for b in range(block):
+            if model[b] == m and e_in[b] == lo_in and e_out[b] == lo_out:
+                dom[m] = b
+                break
+    return dom
+
+
+def horizon_work_size(n_regions: int, n_models: int, n_deployments: int, horizon: int) -> int:
+    """Length of :func:`horizon_future`'s scratch ``work`` (float64) for these sizes."""
+    block = n_deployments // n_regions
+    return max(2 * n_regions + 2 * n_models,
+               2 * block + (5 + n_models) * horizon + 4 * n_models)
+
+
+@njit(cache=True)
 def residence_turns(surv, rho):
     """Σ_j S(j)·ρ^(j−1) over ``surv`` (J,) = S(1..J): the expected number of a session's future
     turns still on the deployment chosen now, when each later turn stays with chance ``rho``
@@ -383,7 +515,8 @@ def residence_turns(surv, rho):
 def slot_prices(price, pi, displaced, gap, clock, carbon, fits, n_fits, available, mask, pool,
                 prev, t, smoothing, sessions_s, remaining_s):
     """The horizon router's slot price (:mod:`carbonrouter_lib.policies.horizon`), gCO2e per
-    deployment, written to ``price`` (n,) (``pi``: scratch (pools,)). At a first turn
+    deployment, written to ``price`` (n,) for the candidates (``mask``; the others keep what
+    they had) (``pi``: scratch (pools,)). At a first turn
     (``prev`` < 0) it first observes the displacement — ``carbon`` (Ĉ per deployment) of the
     least among ``mask`` minus the least among the feasible deployments (``fits[b % n_fits]``),
     when that one is not ``available`` — into the per-pool averages ``displaced`` and ``gap``
@@ -417,6 +550,8 @@ def slot_prices(price, pi, displaced, gap, clock, carbon, fits, n_fits, availabl
     for p in range(len(pi)):
         pi[p] = min(displaced[p] * clock[0], gap[p] / max(sessions_s, 1.0))
     for b in range(nd):
+        if not mask[b]:
+            continue  # only the candidates are priced
         price[b] = pi[pool[b]] * remaining_s
         if prev >= 0:
             price[b] -= pi[pool[prev]] * remaining_s
@@ -715,7 +850,8 @@ def _replay(
     future = np.zeros(nd)
     miss_buf = np.zeros(nd)
     post_m = np.zeros(n_m)
-    h_work = np.empty(2 * n_regions + 3 * n_m)
+    h_work = np.empty(max(2 * n_regions + 2 * n_m,
+                          2 * (nd // n_regions) + (5 + n_m) * max(h_j, 1) + 4 * n_m))
     bw = _Branch(np.empty(n_pools, np.int64), np.empty(nd, np.int64), np.empty(nd),
                  np.empty(nd, np.bool_), np.empty(nd), np.empty(nd), np.empty(nd, np.bool_),
                  np.empty(nd, np.int64), np.empty(nd), np.empty(nd), np.empty(nd, np.bool_),
@@ -724,6 +860,7 @@ def _replay(
     e_unc = np.empty(block)
     h_keep = np.full(n_kv, h_keep0)
     h_phi = np.ones(n_kv)  # per KV pool: the chance a new cache there evicts another
+    h_dom = dominant_blocks(e_in, e_out, model, n_m, nd // n_regions)
     h_stayed = 1.0
     # the slot price (HorizonRouter.slot_price): displacement per first turn, mean nonzero
     # displacement, price per pool; the rate of first turns and the last one's time
@@ -910,7 +1047,7 @@ def _replay(
                            rho_now, h_fc[fr, fo], post_m, h_new[fo],
                            h_out[fo], h_stay[fo], e_in, e_cache, e_out, region, model, kvp_of,
                            h_keep, n_m, h_cache_survival, h_stickiness, h_fallback[fo],
-                           h_eligible[fo], h_phi, h_use_fallback, h_option)
+                           h_eligible[fo], h_phi, h_use_fallback, h_option, mask, h_dom)
             for b in range(nd):
                 value[b] = e_unc[b % block]
             for jh in range(n_hits):

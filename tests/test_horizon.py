@@ -310,8 +310,9 @@ def _reference_future(surv, rho, fc, post_m, new_m, out_m, stay_m, e_in, e_cache
 
 @pytest.mark.parametrize("use_fallback, option", [(False, False), (True, False), (False, True),
                                                   (True, True)])
-@pytest.mark.parametrize("survival, stickiness", [(True, True), (False, True), (True, False)])
-def test_the_future_term_is_its_formula(use_fallback, option, survival, stickiness):
+@pytest.mark.parametrize("survival, stickiness, dominant", [
+    (True, True, True), (False, True, True), (True, False, True), (True, True, False)])
+def test_the_future_term_is_its_formula(use_fallback, option, survival, stickiness, dominant):
     # kernel.horizon_future (the closed form of the former router where it applies, turn by
     # turn otherwise) against the sum written out in numpy, on random deployments
     from carbonrouter_lib import kernel
@@ -322,8 +323,10 @@ def test_the_future_term_is_its_formula(use_fallback, option, survival, stickine
     model = np.tile(np.arange(n_m), 2 * n_r)
     n = len(model)
     kv_pool = rng.integers(0, n_kv, n)
-    e_in = rng.uniform(0.5, 2.0, n)
+    e_in = np.tile(rng.uniform(0.5, 2.0, 2 * n_m), n_r)  # a (GPU, model) block per region
     e_cache, e_out = 0.05 * e_in, 6 * e_in
+    if not dominant:  # no GPU least in both e_in and e_out: every turn searches the blocks
+        e_out = np.tile(rng.uniform(3.0, 12.0, 2 * n_m), n_r)
     fallback = rng.uniform(0, 1, (n_m, n_m)) * (1 - np.eye(n_m))
     fallback /= fallback.sum(axis=1, keepdims=True)
     args = (rng.uniform(0.1, 1, n_j), 0.8, rng.uniform(50, 400, (n_r, n_j)),
@@ -332,12 +335,17 @@ def test_the_future_term_is_its_formula(use_fallback, option, survival, stickine
             rng.uniform(0.3, 1, n_kv))
     eligible = np.array([False, True, True, True, True])
     phi = rng.uniform(0, 1, n_kv)
-    future, miss, work = np.zeros(n), np.zeros(n), np.empty(2 * n_r + 3 * n_m)
+    future, miss = np.zeros(n), np.zeros(n)
+    work = np.empty(kernel.horizon_work_size(n_r, n_m, n, n_j))
+    mask = rng.uniform(0, 1, n) < 0.6  # the candidates: the others need no value
+    dom = kernel.dominant_blocks(e_in, e_out, model, n_m, n // n_r)
+    assert (dom >= 0).all() == dominant  # e_out ∝ e_in: one GPU is least in every energy
     kernel.horizon_future(future, miss, work, *args, n_m, survival, stickiness, fallback,
-                          eligible, phi, use_fallback, option)
+                          eligible, phi, use_fallback, option, mask, dom)
     expected = _reference_future(*args, survival, stickiness, fallback, eligible, phi,
                                  use_fallback, option)
-    np.testing.assert_allclose(future, expected, rtol=1e-12)
+    priced = mask if (use_fallback or option) else np.ones(n, dtype=bool)
+    np.testing.assert_allclose(future[priced], expected[priced], rtol=1e-12)
 
 
 def test_the_fallback_is_learned_from_other_conversations():

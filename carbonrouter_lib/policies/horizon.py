@@ -434,11 +434,14 @@ class HorizonRouter(Policy):
         state.clock = np.array([0.0, math.nan])  # Λ (1/s), the last first turn's time (s)
         state.pi, state.price = np.zeros(d.n_pools), np.zeros(d.n)
         state.surv_sum = _survival_sums(model, self.horizon)
-        state.work = np.empty(2 * len(d.regions) + 3 * len(d.models))
+        state.work = np.empty(kernel.horizon_work_size(len(d.regions), len(d.models), d.n,
+                                                       self.horizon))
         # per KV pool: the chance a new cache there evicts another; 1 until seen otherwise, so
         # that a router with no evidence of room commits as the former router did
         state.phi = np.ones(len(state.keep))
         state.ref = MODELS.index(REFERENCE_DEPLOYMENT[0])
+        state.dom = kernel.dominant_blocks(state.e_in, state.e_out, state.model, len(d.models),
+                                           d.n // len(d.regions))
         return state
 
     # ---- the decision -----------------------------------------------------------------------
@@ -458,7 +461,8 @@ class HorizonRouter(Policy):
             post, model.new_tokens[f], model.out_tokens[f], model.stay_feasible[f], st.e_in,
             st.e_cache, st.e_out, st.region, st.model, st.kv_pool, st.keep,
             st.other_models.shape[0], self.cache_survival, self.model_stickiness,
-            model.fallback[f], model.eligible[f], st.phi, self.exit == "fallback", self.option)
+            model.fallback[f], model.eligible[f], st.phi, self.exit == "fallback", self.option,
+            cand.mask, st.dom)
         if self.slot_price:
             return cand.argmin(cand.carbon + st.future
                                + self._slot_prices(ctx, cand, st, f, k, float(rho)))
