@@ -129,38 +129,52 @@ class Blend(Forecaster):
         self.max_lead = int(max_lead_steps)
         # The fits depend only on the signal and these settings: shared by every Blend of the
         # same signal (each replay of a horizon router makes one; the fits are its fixed cost).
+        # Per day: the weights and which leads are fitted — a lead's weight is its own least
+        # squares, so only the leads asked for are fitted (a horizon router asks for J per fold,
+        # not all max_lead), with the same values as fitting them all.
         per_signal = _BLEND_FITS.setdefault(signal, {})
-        self._weights: dict[int, np.ndarray] = per_signal.setdefault(
+        self._fits: dict[int, tuple[np.ndarray, np.ndarray]] = per_signal.setdefault(
             (self.fit_steps, self.max_lead), {})
 
     def weights(self, day_start: int) -> np.ndarray:
         """(n_regions, max_lead + 1) weights fitted on the rows before ``day_start``."""
-        w = self._weights.get(day_start)
-        if w is not None:
-            return w
-        v = self._values[:day_start]  # the fit reads nothing at or after the day's start
-        start = max(0, day_start - self.fit_steps)
-        w = np.zeros((self._values.shape[1], self.max_lead + 1))
-        for lead in range(1, self.max_lead + 1):
-            days = -(-lead // self.day_steps)
-            first = max(start, days * self.day_steps - lead)
-            origins = np.arange(first, day_start - lead)
-            if len(origins) < 2:
-                continue
-            now = v[origins]
-            x = v[origins + lead - days * self.day_steps] - now
-            y = v[origins + lead] - now
-            den = (x * x).sum(axis=0)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                w[:, lead] = np.clip(np.where(den > 0, (x * y).sum(axis=0) / den, 0.0), 0, 1)
-        self._weights[day_start] = w
-        return w
+        return self._weights_at(day_start, np.arange(self.max_lead + 1))
+
+    def _weights_at(self, day_start: int, cols: np.ndarray) -> np.ndarray:
+        """The weights of leads ``cols`` (≤ max_lead): (n_regions, len(cols)), fitting those not
+        fitted yet for this day."""
+        fit = self._fits.get(day_start)
+        if fit is None:
+            fit = (np.zeros((self._values.shape[1], self.max_lead + 1)),
+                   np.zeros(self.max_lead + 1, bool))
+            fit[1][0] = True  # lead 0: the current value, weight 0
+            self._fits[day_start] = fit
+        w, done = fit
+        todo = np.unique(cols)
+        todo = todo[~done[todo]]
+        if len(todo):
+            v = self._values[:day_start]  # the fit reads nothing at or after the day's start
+            start = max(0, day_start - self.fit_steps)
+            for lead in todo.tolist():
+                days = -(-lead // self.day_steps)
+                first = max(start, days * self.day_steps - lead)
+                origins = np.arange(first, day_start - lead)
+                if len(origins) >= 2:
+                    now = v[origins]
+                    x = v[origins + lead - days * self.day_steps] - now
+                    y = v[origins + lead] - now
+                    den = (x * x).sum(axis=0)
+                    with np.errstate(invalid="ignore", divide="ignore"):
+                        w[:, lead] = np.clip(np.where(den > 0, (x * y).sum(axis=0) / den, 0.0),
+                                             0, 1)
+                done[lead] = True
+        return w[:, cols]
 
     def predict(self, row: int, leads: np.ndarray) -> np.ndarray:
         leads = np.asarray(leads)
         now = self._past(np.array([row]), row)
         yday = self._past(self._yesterday_rows(row, leads), row)
-        w = self.weights(row - row % self.day_steps)[:, np.minimum(leads, self.max_lead)]
+        w = self._weights_at(row - row % self.day_steps, np.minimum(leads, self.max_lead))
         return now + w * (yday - now)
 
     def predict_rows(self, rows: np.ndarray, leads: np.ndarray) -> np.ndarray:
@@ -171,7 +185,7 @@ class Blend(Forecaster):
         w = np.empty_like(yday)
         cols = np.minimum(leads, self.max_lead)
         for d in np.unique(day):
-            w[day == d] = self.weights(int(d))[:, cols]
+            w[day == d] = self._weights_at(int(d), cols)
         return now + w * (yday - now)
 
 
@@ -186,7 +200,7 @@ def _yesterday_values(fc: Forecaster, rows: np.ndarray, leads: np.ndarray) -> np
 
 
 #: Blend fits per signal (weakly held: they go with the signal), then per (fit_steps,
-#: max_lead): {day_start: weights}.
+#: max_lead): {day_start: (weights, fitted leads)}.
 _BLEND_FITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 #: Forecaster names (:func:`make_forecaster`).

@@ -48,6 +48,30 @@ def test_blend_learns_the_daily_cycle_and_clips_its_weights():
     np.testing.assert_array_equal(b.predict(3, np.array([5]))[0], [daily[3]])
 
 
+def test_blend_fits_only_the_leads_asked_for_with_the_values_of_fitting_all():
+    rng = np.random.default_rng(3)
+    v = rng.uniform(50, 500, size=(24 * 40, 2))
+    day = 24 * 35
+
+    def blend():  # each signal object has its own fits
+        return forecast.Blend(hourly({"A": v[:, 0], "B": v[:, 1]}), fit_days=28,
+                              max_lead_steps=30)
+
+    lazy = blend()
+    rows, leads = np.array([day + 2, day + 9]), np.array([3, 7, 70])
+    some = lazy.predict_rows(rows, leads)
+    fits = next(iter(forecast._BLEND_FITS[lazy.signal].values()))
+    assert sorted(np.flatnonzero(fits[day][1]).tolist()) == [0, 3, 7, 30]  # 70 uses max_lead's
+    full = blend()
+    w = full.weights(day)
+    np.testing.assert_array_equal(lazy.weights(day), w)
+    np.testing.assert_array_equal(some, full.predict_rows(rows, leads))
+    # lead 7 by hand: least squares of (target − now) on (same hour yesterday − now), per region
+    origins = np.arange(day - 28 * 24, day - 7)
+    x, y = v[origins + 7 - 24] - v[origins], v[origins + 7] - v[origins]
+    np.testing.assert_allclose(w[:, 7], np.clip((x * y).sum(0) / (x * x).sum(0), 0, 1), rtol=1e-12)
+
+
 @pytest.mark.parametrize("name", forecast.FORECASTERS)
 def test_forecasts_never_read_after_their_row(name):
     rng = np.random.default_rng(1)
