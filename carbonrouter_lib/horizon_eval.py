@@ -34,11 +34,10 @@ from carbonrouter_lib import bound, prepared, replays, scale
 from carbonrouter_lib.replays import SEASONS
 from carbonrouter_lib.sweep import RunSpec
 
-__all__ = ["TARGET", "ONLINE", "REFERENCE", "VARIANTS", "NOISE", "TUNED", "FRESH_WEEKS", "WINDOWS",
-           "DESIGNED_ON", "SETTING", "GRIDS",
-           "SCALE_GRIDS", "SCALE_BY", "setting", "grid", "grid_settings", "scale_grid", "table",
-           "scale_table", "verdicts", "variants_table", "bound_shares", "first_turn_split",
-           "held_out"]
+__all__ = ["TARGET", "ONLINE", "REFERENCE", "FORMER", "VARIANTS", "NOISE", "TUNED", "FRESH_WEEKS",
+           "WINDOWS", "DESIGNED_ON", "SETTING", "GRIDS", "SCALE_GRIDS", "SCALE_BY", "setting",
+           "grid", "grid_settings", "scale_grid", "table", "scale_table", "verdicts",
+           "variants_table", "bound_shares", "first_turn_split", "held_out"]
 
 #: The router evaluated (registry name; its defaults).
 TARGET = "carbonrouter-horizon"
@@ -50,6 +49,10 @@ ONLINE: tuple[str, ...] = ("session-affinity", "carbon-affinity", "gar", "fairca
 #: docs/model.md §7.7: the ceiling of any gate of that form). At the default scale only, not in
 #: the scale sweep (2–4 minutes a run at P = 350, two to a machine of two cores).
 REFERENCE: tuple[str, ...] = ("carbonrouter-oracle-gate",)
+#: The router's parameters before 2026-12-05 (the fallback exit and the option to move off): the
+#: evidence scripts of that router (docs/evidence/slot_price.py, plain.py, first_turns.py,
+#: priced_bound.py, option_to_move.py) pin them, so their tables stay that router's.
+FORMER: dict[str, Any] = {"exit": "cheapest", "option": False}
 #: Ablations and the release variant: label → HorizonRouter parameters.
 VARIANTS: dict[str, dict[str, Any]] = {
     "w/o horizon pricing (J = 0)": {"horizon": 0},
@@ -60,7 +63,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "w/o slot price": {"slot_price": False},
     "w/o option to move": {"option": False},
     "w/o fallback exit (cheapest other model)": {"exit": "cheapest"},
-    "the former router (neither)": {"exit": "cheapest", "option": False},
+    "the former router (neither)": FORMER,
 }
 #: Forecast-error sensitivity: σ of the log-normal error on every forecast value.
 NOISE: tuple[float, ...] = (0.1, 0.3, 0.6)

@@ -129,12 +129,18 @@ def test_decisions_do_not_depend_on_future_intensities(forecast):
     assert not a.loc[~before, "carbon_g"].equals(b.loc[~before, "carbon_g"])
 
 
-def test_the_survival_model_learns_only_from_other_conversations():
-    cfg = prepared.WorkloadConfig(dataset="sharegpt", max_conversations=200, seed=3)
-    table = prepared.prepare_workload(prepared.with_copies(cfg, 3), use_cache=False)
-    model = fit_horizon_model(table, horizon=8, folds=4, seed=7)
+def _fitted_on_folds(max_conversations: int, copies: int, horizon: int):
+    """A ShareGPT table with ``copies`` of each conversation, its horizon model on 4 folds (seed
+    7), the conversation codes and each row's fold."""
+    cfg = prepared.WorkloadConfig(dataset="sharegpt", max_conversations=max_conversations, seed=3)
+    table = prepared.prepare_workload(prepared.with_copies(cfg, copies), use_cache=False)
+    model = fit_horizon_model(table, horizon=horizon, folds=4, seed=7)
     conv = prepared.conversation_codes(table)
-    fold = conversation_folds(conv, 4, 7)
+    return table, model, conv, conversation_folds(conv, 4, 7)
+
+
+def test_the_survival_model_learns_only_from_other_conversations():
+    table, model, conv, fold = _fitted_on_folds(200, 3, 8)
     # fold 0's survival: the session lengths of the other folds' conversations, each once
     first = (table["turn"] == 0).to_numpy()
     once = pd.Series(table["session"].to_numpy()).groupby(conv).transform("min").to_numpy() \
@@ -349,11 +355,7 @@ def test_the_future_term_is_its_formula(use_fallback, option, survival, stickine
 
 
 def test_the_fallback_is_learned_from_other_conversations():
-    cfg = prepared.WorkloadConfig(dataset="sharegpt", max_conversations=300, seed=3)
-    table = prepared.prepare_workload(prepared.with_copies(cfg, 2), use_cache=False)
-    model = fit_horizon_model(table, horizon=4, folds=4, seed=7)
-    conv = prepared.conversation_codes(table)
-    fold = conversation_folds(conv, 4, 7)
+    table, model, conv, fold = _fitted_on_folds(300, 2, 4)
     q = prepared.model_matrix(table, "quality")
     feasible = q >= model.beta_q * q.max(axis=1, keepdims=True)
     session = table["session"].to_numpy()

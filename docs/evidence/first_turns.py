@@ -23,9 +23,9 @@ from carbonrouter_lib.outputs import atomic_path
 
 HERE = Path(__file__).resolve().parent
 #: policy → parameters; the horizon router as this table was made: without the slot price (then
-#: not yet its default)
+#: not yet its default), the fallback exit and the option to move (he.FORMER)
 POLICIES = {"session-affinity": {}, "carbon-affinity": {}, "carbonrouter-no-gate": {},
-            "carbonrouter": {}, he.TARGET: {"slot_price": False}}
+            "carbonrouter": {}, he.TARGET: {"slot_price": False, **he.FORMER}}
 
 
 def main(grid: str) -> None:

@@ -17,8 +17,11 @@ router, so it runs in the Python loop (about 3–5 minutes a run); slot price as
 Three settings: the tuned one, ample memory and the Mooncake trace (paper regions, winter).
 
 Result: it beats CarbonRouter with ample memory (the first variant to) but emits 6–10% more
-than the router at the tuned setting, so it is not the router. Run from the repository root:
-``.venv/bin/python docs/evidence/option_to_move.py``.
+than the router at the tuned setting, so it was not the router. The router here is the former
+one (``horizon_eval.FORMER``); the option the router has had since 2026-12-05
+(``HorizonRouter.option``) grew out of this: the move weighted by the chance its KV pool has
+room, and the model a session falls back to learned from training conversations. Run from the
+repository root: ``.venv/bin/python docs/evidence/option_to_move.py``.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ class OptionToMove(HorizonRouter):
     ``form`` one of :data:`FORMS`."""
 
     def __init__(self, form: str, **kw) -> None:
-        super().__init__(**kw)
+        super().__init__(**(he.FORMER | kw))
         if form not in FORMS:
             raise ValueError(f"OptionToMove.form must be one of {FORMS}, got {form!r}")
         self.form = form
@@ -101,7 +104,9 @@ def one(job: tuple[dict, str]) -> dict:
     table = sweep._table(wcfg.key(), wcfg)
     signal = sweep._signal(scfg)
     capacity = backend_config(table, scfg)
-    policy = OptionToMove(label) if label in FORMS else make_policy(label)
+    # the router as this table was made (he.FORMER: no fallback exit, no option to move)
+    policy = OptionToMove(label) if label in FORMS else make_policy(
+        label, **(he.FORMER if label == he.TARGET else {}))
     policy = build_policy(policy, table, scfg, signal=signal, backend=capacity, workload=wcfg)
     s = metrics.summarize(simulate(table, policy, scfg, signal=signal, backend=capacity).records)
     row = {**st, "policy": label, **{c: float(s[c]) for c in (

@@ -26,7 +26,8 @@ from carbonrouter_lib import sweep
 from carbonrouter_lib.outputs import atomic_path
 
 HERE = Path(__file__).resolve().parent
-PARAMS = {"slot_price": False}
+#: without the slot price, and as the router was then: no fallback exit, no option to move
+PARAMS = {"slot_price": False, **he.FORMER}
 
 
 def _save(frame: pd.DataFrame, name: str) -> None:

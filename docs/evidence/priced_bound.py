@@ -25,8 +25,9 @@ HERE = Path(__file__).resolve().parent
 
 def main(grid: str) -> None:
     settings, _ = he.grid_settings(grid)
-    # the router as this table was made: without the slot price (then not yet its default)
-    runs = he.grid(settings, target_params={"slot_price": False}, reference_in=[])
+    # the router as this table was made: without the slot price (then not yet its default), the
+    # fallback exit and the option to move (he.FORMER)
+    runs = he.grid(settings, target_params={"slot_price": False, **he.FORMER}, reference_in=[])
     results = sweep.run_sweep(list(runs["spec"]))
     shares = he.bound_shares(results, runs, priced=True)
     with atomic_path(HERE / "horizon_priced_bound.csv") as tmp:

@@ -33,11 +33,12 @@ from carbonrouter_lib.outputs import atomic_path
 HERE = Path(__file__).resolve().parent
 #: The label of the horizon router without the slot price in these tables.
 PLAIN = "carbonrouter-horizon w/o slot price"
-PLAIN_PARAMS = {"slot_price": False}
+#: The router as these tables were made: no fallback exit, no option to move (he.FORMER).
+PLAIN_PARAMS = {"slot_price": False, **he.FORMER}
 #: The label of the slot-priced router when the residence variant is the target.
 SLOT = "carbonrouter-horizon + slot price"
-SLOT_PARAMS = {"slot_price": True}
-RESIDENCE_PARAMS = {"slot_price": True, "slot_residence": True}
+SLOT_PARAMS = {"slot_price": True, **he.FORMER}
+RESIDENCE_PARAMS = {"slot_price": True, "slot_residence": True, **he.FORMER}
 
 
 def runs_with_slot_price(settings, residence: bool = False) -> pd.DataFrame:
