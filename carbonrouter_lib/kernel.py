@@ -492,8 +492,10 @@ def dominant_blocks(e_in, e_out, model, n_models, block):
     return dom
 
 
+@njit(cache=True)
 def horizon_work_size(n_regions: int, n_models: int, n_deployments: int, horizon: int) -> int:
-    """Length of :func:`horizon_future`'s scratch ``work`` (float64) for these sizes."""
+    """Length of :func:`horizon_future`'s scratch ``work`` (float64) for these sizes (one
+    formula for the Python policy and the compiled loop)."""
     block = n_deployments // n_regions
     return max(2 * n_regions + 2 * n_models,
                2 * block + (5 + n_models) * horizon + 4 * n_models)
@@ -525,9 +527,11 @@ def slot_prices(price, pi, displaced, gap, clock, carbon, fits, n_fits, availabl
     nd = len(carbon)
     if prev < 0:
         best, lo_c = -1, np.inf
+        f = 0  # b % n_fits, counted (an integer division per deployment cost more)
         for b in range(nd):
-            if fits[b % n_fits] and carbon[b] < lo_c:
+            if fits[f] and carbon[b] < lo_c:
                 lo_c, best = carbon[b], b
+            f = f + 1 if f + 1 < n_fits else 0
         if best >= 0:
             g = 0.0
             if not available[best]:
@@ -850,8 +854,7 @@ def _replay(
     future = np.zeros(nd)
     miss_buf = np.zeros(nd)
     post_m = np.zeros(n_m)
-    h_work = np.empty(max(2 * n_regions + 2 * n_m,
-                          2 * (nd // n_regions) + (5 + n_m) * max(h_j, 1) + 4 * n_m))
+    h_work = np.empty(horizon_work_size(n_regions, n_m, nd, max(h_j, 1)))
     bw = _Branch(np.empty(n_pools, np.int64), np.empty(nd, np.int64), np.empty(nd),
                  np.empty(nd, np.bool_), np.empty(nd), np.empty(nd), np.empty(nd, np.bool_),
                  np.empty(nd, np.int64), np.empty(nd), np.empty(nd), np.empty(nd, np.bool_),
@@ -1048,13 +1051,14 @@ def _replay(
                            h_out[fo], h_stay[fo], e_in, e_cache, e_out, region, model, kvp_of,
                            h_keep, n_m, h_cache_survival, h_stickiness, h_fallback[fo],
                            h_eligible[fo], h_phi, h_use_fallback, h_option, mask, h_dom)
-            for b in range(nd):
-                value[b] = e_unc[b % block]
+            # Ĉ(a), as Candidates.carbon; region-major, so a deployment's block is its index
+            # within the region (no integer division per deployment)
+            for r in range(n_regions):
+                for b in range(r * block, (r + 1) * block):
+                    value[b] = ci[b] * e_unc[b - r * block]
             for jh in range(n_hits):
                 b = hit_a[jh]
-                value[b] = de[b] * hit_miss[jh] + e_base[b % block]
-            for b in range(nd):
-                value[b] = ci[b] * value[b]  # Ĉ(a), as Candidates.carbon
+                value[b] = ci[b] * (de[b] * hit_miss[jh] + e_base[b - region[b] * block])
             if h_slot:
                 slot_prices(h_price, h_pi, h_disp, h_gap, h_clock, value, ok_all[i],
                             ok_all.shape[1], avail, mask, pool, prev, t, h_slot_s,
