@@ -633,25 +633,35 @@ def _energy_row(at, block, model, e_in, e_cache, e_out, de, new_f, hist_f, est_f
 
 
 @njit(cache=True)
+def _values(kind, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss, n_hits, value):
+    """Per deployment, into ``value``: the query's energy Ê (``kind`` 0: e_unc, or on a hit
+    de·miss + e_base), its carbon Ĉ = CI·Ê (1; Candidates.carbon) or its base carbon CI·e_base
+    (2). Deployments are region-major, so a deployment's block is its index within the region
+    (no integer division per deployment)."""
+    for r0 in range(0, nd, block):
+        for b in range(r0, r0 + block):
+            if kind == 2:
+                value[b] = ci[b] * e_base[b - r0]
+            elif kind == 1:
+                value[b] = ci[b] * e_unc[b - r0]
+            else:
+                value[b] = e_unc[b - r0]
+    if kind != 2:
+        for jh in range(n_hits):
+            b = hit_a[jh]
+            e = de[b] * hit_miss[jh] + e_base[b % block]
+            value[b] = ci[b] * e if kind == 1 else e
+
+
+@njit(cache=True)
 def _rank(code, pricing, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss, n_hits, mask,
           value):
     """The candidate with the lowest ranking value (first on ties): energy (SA), carbon (CA,
     CarbonRouter's proposal with pricing) or base carbon (FairCarbon, the proposal without
     pricing); ``value`` holds the values after. ``e_base``, ``e_unc``: the query's
     (_energy_row)."""
-    base = code == 2 or (code == 4 and not pricing)
-    for b in range(nd):
-        if base:
-            value[b] = ci[b] * e_base[b % block]
-        else:
-            value[b] = e_unc[b % block]
-    if not base:
-        for jh in range(n_hits):
-            b = hit_a[jh]
-            value[b] = de[b] * hit_miss[jh] + e_base[b % block]
-        if code != 0:
-            for b in range(nd):
-                value[b] = ci[b] * value[b]
+    kind = 2 if code == 2 or (code == 4 and not pricing) else (0 if code == 0 else 1)
+    _values(kind, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss, n_hits, value)
     a = -1
     lo = math.inf
     for b in range(nd):
@@ -1051,14 +1061,7 @@ def _replay(
                            h_out[fo], h_stay[fo], e_in, e_cache, e_out, region, model, kvp_of,
                            h_keep, n_m, h_cache_survival, h_stickiness, h_fallback[fo],
                            h_eligible[fo], h_phi, h_use_fallback, h_option, mask, h_dom)
-            # Ĉ(a), as Candidates.carbon; region-major, so a deployment's block is its index
-            # within the region (no integer division per deployment)
-            for r in range(n_regions):
-                for b in range(r * block, (r + 1) * block):
-                    value[b] = ci[b] * e_unc[b - r * block]
-            for jh in range(n_hits):
-                b = hit_a[jh]
-                value[b] = ci[b] * (de[b] * hit_miss[jh] + e_base[b - region[b] * block])
+            _values(1, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss, n_hits, value)  # Ĉ(a)
             if h_slot:
                 slot_prices(h_price, h_pi, h_disp, h_gap, h_clock, value, ok_all[i],
                             ok_all.shape[1], avail, mask, pool, prev, t, h_slot_s,
@@ -1094,8 +1097,7 @@ def _replay(
         elif code == 3:  # GAR†: the home region's lowest base carbon, else anywhere
             r0 = home[s]
             lo = inf
-            for b in range(nd):
-                value[b] = ci[b] * e_base[b % block]
+            _values(2, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss, n_hits, value)
             for b in range(r0 * block, (r0 + 1) * block):
                 if mask[b] and value[b] < lo:
                     lo, a = value[b], b

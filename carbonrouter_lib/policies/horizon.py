@@ -230,15 +230,15 @@ def fit_horizon_model(table: pd.DataFrame, beta_q: float = DEFAULTS["beta_q"],
             keep[f] = float((think[later] <= ttl_s).mean())
         # next-turn feasibility: pairs of consecutive rows of one session
         nxt = train[:-1] & (sessions[1:] == sessions[:-1])
-        both = feasible[:-1][nxt] & feasible[1:][nxt]
-        now = feasible[:-1][nxt]
+        now, after = feasible[:-1][nxt], feasible[1:][nxt]
+        both = now & after
         with np.errstate(invalid="ignore", divide="ignore"):
             rate = both.sum(axis=0) / now.sum(axis=0)
         stay[f] = np.where(now.sum(axis=0) > 0, rate, 1.0)
         # where a session goes when its model turns infeasible: the smallest model feasible then
         dest = smallest[1:][nxt]
         for m in range(n_m):
-            lost = now[:, m] & ~feasible[1:][nxt][:, m]
+            lost = now[:, m] & ~after[:, m]
             if lost.any():
                 fallback[f, m] = np.bincount(dest[lost], minlength=n_m) / lost.sum()
         eligible[f] = feasible[later].any(axis=0) if later.any() else True
