@@ -23,10 +23,10 @@ import numpy as np
 import pandas as pd
 
 from carbonrouter_lib import horizon_eval as he
-from carbonrouter_lib import sweep
 from carbonrouter_lib.build import build_policy
 from carbonrouter_lib.outputs import atomic_path
 from carbonrouter_lib.policies import make_policy
+from carbonrouter_lib.prepared import prepare_workload
 from carbonrouter_lib.setting import backend_config
 from carbonrouter_lib.simulator import simulate
 
@@ -41,8 +41,8 @@ POLICIES = {"carbonrouter-no-gate": ("carbonrouter-no-gate", {}),
 
 def _ready(policy, st):
     wcfg, scfg = he.setting(st)
-    table = sweep._table(wcfg.key(), wcfg)
-    signal = sweep._signal(scfg)
+    table = prepare_workload(wcfg)
+    signal = scfg.signal()
     capacity = backend_config(table, scfg)
     return table, scfg, signal, capacity, build_policy(policy, table, scfg, signal=signal,
                                                        backend=capacity, workload=wcfg)
@@ -64,9 +64,10 @@ def kv_room(st: dict) -> pd.DataFrame:
     used = np.array(samples)
     d = scfg.deployments()
     pools = np.arange(used.shape[1])  # the paper's rule: a pool per (region, GPU)
+    first = [int(np.flatnonzero(d.pool == p)[0]) for p in pools]  # a deployment of each pool
     return pd.DataFrame({**st, "pool": pools,
-                         "region": [d.regions[p // len(d.gpus)] for p in pools],
-                         "gpu": [d.gpus[p % len(d.gpus)] for p in pools], "samples": len(used),
+                         "region": [d.regions[d.region[a]] for a in first],
+                         "gpu": [d.gpus[d.gpu[a]] for a in first], "samples": len(used),
                          "mean_used": used.mean(axis=0), "share_full": (used >= FULL).mean(axis=0)})
 
 

@@ -33,11 +33,12 @@ import numpy as np
 import pandas as pd
 
 from carbonrouter_lib import horizon_eval as he
-from carbonrouter_lib import metrics, sweep
+from carbonrouter_lib import metrics
 from carbonrouter_lib.build import build_policy
 from carbonrouter_lib.outputs import atomic_path
 from carbonrouter_lib.policies import make_policy
 from carbonrouter_lib.policies.horizon import HorizonRouter
+from carbonrouter_lib.prepared import prepare_workload
 from carbonrouter_lib.setting import backend_config
 from carbonrouter_lib.simulator import simulate
 
@@ -101,8 +102,8 @@ class OptionToMove(HorizonRouter):
 def one(job: tuple[dict, str]) -> dict:
     st, label = job
     wcfg, scfg = he.setting(st)
-    table = sweep._table(wcfg.key(), wcfg)
-    signal = sweep._signal(scfg)
+    table = prepare_workload(wcfg)
+    signal = scfg.signal()
     capacity = backend_config(table, scfg)
     # the router as this table was made (he.FORMER: no fallback exit, no option to move)
     policy = OptionToMove(label) if label in FORMS else make_policy(
