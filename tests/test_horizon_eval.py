@@ -371,6 +371,13 @@ def test_the_committed_slot_price_tables_follow_from_their_runs(grid):
         # with ample memory fails
         assert v["lowest_co2"].value_counts().to_dict() == {"holds": 19, "fails": 9, "tie": 4}
         assert (v.loc[v["dataset"] == "mooncake", "lowest_co2"] == "holds").all()
+        # notebook 09's account of that on/off choice: with it / without it (the plain tables)
+        plain_holds = (pd.read_csv(EVIDENCE / "horizon_plain_full_verdicts.csv")["lowest_co2"]
+                       == "holds").sum()
+        nb = " ".join((Path(__file__).resolve().parents[1] / "notebooks"
+                       / "09_horizon_router.ipynb").read_text().replace('\\n",', " ").split())
+        assert (f"the lowest CO2 in {(v['lowest_co2'] == 'holds').sum()} of 32 settings with it, "
+                f"{plain_holds} without") in nb
         ample = v[(v["dataset"] == "sharegpt") & (v["memory"] != "paper")]
         assert (ample["lowest_co2"] == "fails").all() and ample["ci_high_pct"].max() < 0
         # what docs/model.md says of the Mooncake trace in the paper's regions (both memory
