@@ -515,7 +515,7 @@ def residence_turns(surv, rho):
 
 @njit(cache=True)
 def slot_prices(price, pi, displaced, gap, clock, carbon, fits, n_fits, available, mask, pool,
-                prev, t, smoothing, sessions_s, remaining_s):
+                prev, t, smoothing, sessions_s, remaining_s, credit):
     """The horizon router's slot price (:mod:`carbonrouter_lib.policies.horizon`), gCO2e per
     deployment, written to ``price`` (n,) for the candidates (``mask``; the others keep what
     they had) (``pi``: scratch (pools,)). At a first turn
@@ -523,7 +523,9 @@ def slot_prices(price, pi, displaced, gap, clock, carbon, fits, n_fits, availabl
     least among ``mask`` minus the least among the feasible deployments (``fits[b % n_fits]``),
     when that one is not ``available`` — into the per-pool averages ``displaced`` and ``gap``
     and the first turns' rate and last time ``clock`` = [rate 1/s, time s]; ``t`` is the
-    dispatch time, s. Shared by the Python policy and the compiled loop."""
+    dispatch time, s. ``credit``: a switch from the pool the session holds is credited that
+    pool's price (it pays π_new − π_held); without it the held pool is free to stay on and a
+    switch pays π_new. Shared by the Python policy and the compiled loop."""
     nd = len(carbon)
     if prev < 0:
         best, lo_c = -1, np.inf
@@ -558,9 +560,10 @@ def slot_prices(price, pi, displaced, gap, clock, carbon, fits, n_fits, availabl
             continue  # only the candidates are priced
         price[b] = pi[pool[b]] * remaining_s
         if prev >= 0:
-            price[b] -= pi[pool[prev]] * remaining_s
             if pool[b] == pool[prev]:
                 price[b] = 0.0
+            elif credit:
+                price[b] -= pi[pool[prev]] * remaining_s
 
 
 # ---------------------------------------------------------------------------------------------
@@ -793,7 +796,7 @@ def _replay(
     f_base, g_kind, l_row, l_g, l_b, l_z, l_sw, l_st, l_n,
     h_j, h_online, h_rho, h_smoothing, h_cache_survival, h_stickiness, h_release, h_survival,
     h_new, h_out, h_stay, h_keep0, h_fc, h_row0, h_fold, h_slot, h_slot_s, h_surv_sum, h_tau,
-    h_slot_res, h_fallback, h_eligible, h_use_fallback, h_option, h_ref,
+    h_slot_res, h_slot_credit, h_fallback, h_eligible, h_use_fallback, h_option, h_ref,
     c_row, c_dep, c_disp, c_compl, c_cached, c_ttft, c_be, c_rej, c_switch, c_opp, c_block,
     counters, time_decisions, dec_cyc,
 ):
@@ -1068,7 +1071,8 @@ def _replay(
                             h_tau[fo] * (0.5 + (residence_turns(h_survival[fo, 0, :h_j], rho_now)
                                                 if h_slot_res else h_surv_sum[fo, 0])),
                             h_tau[fo] * (0.5 + (residence_turns(h_survival[fo, kk, :h_j], rho_now)
-                                                if h_slot_res else h_surv_sum[fo, kk])))
+                                                if h_slot_res else h_surv_sum[fo, kk])),
+                            h_slot_credit)
             lo = inf
             for b in range(nd):
                 value[b] = value[b] + future[b]
@@ -1356,8 +1360,9 @@ def rule(name: str, **params) -> dict:
                 h_keep0=1.0, h_fc=np.zeros((1, 1, 1, 1)), h_row0=0,
                 h_fold=np.zeros(1, np.int64), h_slot=False, h_slot_s=0.01,
                 h_surv_sum=np.zeros((1, 1)), h_tau=np.zeros(1), h_slot_res=False,
-                h_fallback=np.zeros((1, 1, 1)), h_eligible=np.ones((1, 1), np.bool_),
-                h_use_fallback=False, h_option=False, h_ref=0)
+                h_slot_credit=True, h_fallback=np.zeros((1, 1, 1)),
+                h_eligible=np.ones((1, 1), np.bool_), h_use_fallback=False, h_option=False,
+                h_ref=0)
     unknown = set(params) - set(spec)
     if unknown:
         raise ValueError(f"kernel.rule: unknown parameters {sorted(unknown)}")

@@ -164,6 +164,7 @@ def test_parameters_are_validated_and_recorded():
                 {"cache_survival": 1}, {"smoothing": 0}, {"slot_price": 1},
                 {"slot_price": True, "horizon": 0}, {"slot_smoothing": 0},
                 {"slot_smoothing": 1.5}, {"slot_residence": True, "slot_price": False},
+                {"slot_credit": False, "slot_price": False}, {"slot_credit": 0},
                 {"slot_residence": True, "horizon": 0},
                 {"slot_price": True, "slot_residence": 1}):
         with pytest.raises(ValueError):
@@ -175,7 +176,10 @@ def test_parameters_are_validated_and_recorded():
     assert on.slot_price and on.params()["slot_price"] is True
     assert not HorizonRouter(horizon=0).slot_price
     assert off.params()["slot_price"] is False and "slot_smoothing" not in off.params()
-    for router in (on, off, HorizonRouter(slot_smoothing=0.1, slot_residence=True)):
+    assert "slot_credit" not in on.params()
+    assert HorizonRouter(slot_credit=False).params()["slot_credit"] is False
+    for router in (on, off, HorizonRouter(slot_smoothing=0.1, slot_residence=True),
+                   HorizonRouter(slot_credit=False)):
         assert HorizonRouter(**router.params()).params() == router.params()
     assert HorizonRouter(slot_smoothing=0.1).params()["slot_smoothing"] == 0.1
 
@@ -238,6 +242,50 @@ def test_the_residence_slot_price_is_the_slot_price_when_sessions_never_leave():
     assert not runs["plain"]["deployment"].equals(runs["residence"]["deployment"])
     assert HorizonRouter(slot_price=True, slot_residence=True).params()["slot_residence"]
     assert "slot_residence" not in HorizonRouter(slot_price=True).params()
+
+
+def test_the_slot_credit_is_the_held_pools_price_on_every_switch():
+    # kernel.slot_prices by hand: three pools with prices π = (m_p·Λ capped at ḡ_p / D̄), one
+    # deployment each, a later turn (prev ≥ 0) held in pool 0. With the credit a switch to pool p
+    # pays (π_p − π_0)·T, without it π_p·T; staying in the held pool is free either way.
+    from carbonrouter_lib import kernel
+
+    displaced, gap = np.array([2.0, 1.0, 0.5]), np.array([100.0, 100.0, 1.0])
+    clock = np.array([0.5, 0.0])  # Λ = 0.5 / s
+    sessions_s, remaining_s = 10.0, 30.0
+    pi_expected = np.minimum(displaced * 0.5, gap / sessions_s)  # (1.0, 0.5, 0.1)
+    mask, pool = np.ones(3, bool), np.arange(3)
+    prices = {}
+    for credit in (True, False):
+        price, pi = np.zeros(3), np.zeros(3)
+        kernel.slot_prices(price, pi, displaced.copy(), gap.copy(), clock.copy(), np.zeros(3),
+                           np.ones(3, bool), 3, np.ones(3, bool), mask, pool, 0, 100.0, 0.01,
+                           sessions_s, remaining_s, credit)
+        np.testing.assert_allclose(pi, pi_expected)
+        prices[credit] = price
+    np.testing.assert_allclose(prices[True], [0.0, (0.5 - 1.0) * 30, (0.1 - 1.0) * 30])
+    np.testing.assert_allclose(prices[False], [0.0, 0.5 * 30, 0.1 * 30])
+    # a first turn holds nothing: both price every pool at π_p·T
+    for credit in (True, False):
+        price = np.zeros(3)
+        kernel.slot_prices(price, np.zeros(3), displaced.copy(), gap.copy(), clock.copy(),
+                           np.zeros(3), np.ones(3, bool), 3, np.ones(3, bool), mask, pool, -1,
+                           100.0, 1e-9, sessions_s, remaining_s, credit)
+        np.testing.assert_allclose(price, pi_expected * 30, rtol=1e-6)
+
+
+def test_the_slot_credit_changes_decisions_only_where_first_turns_are_displaced():
+    # With a slot for every session no pool has a price, so the credit changes nothing; with
+    # the paper's one slot per pool the held pools have prices and the decisions differ.
+    import dataclasses
+
+    table, sim, model = _slot_table()
+    tight = setting.backend_config(table, sim)
+    ample = dataclasses.replace(tight, slots_per_pool=10_000)
+    for backend, same in ((ample, True), (tight, False)):
+        a, b = (simulator.simulate(table, HorizonRouter(model=model, slot_credit=credit), sim,
+                                   backend=backend).records for credit in (True, False))
+        assert a["deployment"].equals(b["deployment"]) is same
 
 
 def test_the_slot_price_learns_only_from_the_past():

@@ -73,8 +73,14 @@ m_p (smoothing ``slot_smoothing``), the mean displacement ḡ_p of the displaced
 displacement it would absorb, at most one displaced session per session duration D̄ = τ·(½ +
 Σ_j S_0(j)). A candidate a then costs H(a) + π_{p(a)}·T_k, with T_k = τ·(½ + Σ_j S_k(j)) the
 session's expected remaining time, unless p(a) is the pool the session holds (then 0); leaving
-that pool b frees its slot, so a switch pays (π_{p(a)} − π_b)·T_k. It reads only past first
-turns; both replay loops run it. With ``slot_residence=True`` a slot is held only while the
+that pool b frees its slot, so a switch pays (π_{p(a)} − π_b)·T_k (the *slot credit*). It reads
+only past first turns; both replay loops run it. With ``slot_credit=False`` a switch is not
+credited the slot it frees and pays π_{p(a)}·T_k (staying in the held pool still costs 0). The
+credit pays a session to leave the pool it holds, and each move recomputes the history where
+it lands: with ample KV memory on ShareGPT that raised the router's P95 TTFT above
+CarbonRouter's, and without the credit the router met that target in every setting evaluated, at
+a carbon cost on the Mooncake trace (a variant; docs/evidence/slot_credit.py, docs/model.md
+§11.4a). With ``slot_residence=True`` a slot is held only while the
 session stays: T_k = τ·(½ + Σ_j S_k(j)·ρ^(j−1)) and D̄ likewise, with the continuation ρ of the
 future term (the chance a later turn stays where this one goes), so the price shrinks where the
 router switches often — where the cache survives a switch (ample KV memory) — and is the plain
@@ -304,6 +310,10 @@ class HorizonRouter(Policy):
         (default) the model the training conversations fell back to
         (:attr:`HorizonModel.fallback`), ``"cheapest"`` the cheapest recomputing deployment of
         any other model (the former router's M_j).
+    slot_credit : bool
+        With ``slot_price``: a switch is credited the slot it frees in the pool the session
+        holds, so it pays (π_{p(a)} − π_b)·T_k (default True); False: staying in the held pool
+        is free and a switch pays π_{p(a)}·T_k, with no credit for leaving (module docstring).
     option : bool
         Price each future turn at the cheaper of committing to the candidate and moving to the
         least-carbon deployment of a model a later turn can need, the move weighted by the chance
@@ -318,7 +328,7 @@ class HorizonRouter(Policy):
                  model: HorizonModel | str = LEARNED, forecast_noise: float = 0.0,
                  noise_seed: int = 0, slot_price: bool | None = None,
                  slot_smoothing: float = 0.01, slot_residence: bool = False,
-                 exit: str = "fallback", option: bool = True) -> None:
+                 exit: str = "fallback", option: bool = True, slot_credit: bool = True) -> None:
         from carbonrouter_lib.forecast import FORECASTERS
 
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
@@ -333,7 +343,8 @@ class HorizonRouter(Policy):
         for name, v in (("cache_survival", cache_survival), ("model_stickiness",
                                                              model_stickiness),
                         ("release", release), ("slot_price", slot_price),
-                        ("slot_residence", slot_residence), ("option", option)):
+                        ("slot_residence", slot_residence), ("option", option),
+                        ("slot_credit", slot_credit)):
             if not isinstance(v, bool):
                 raise ValueError(f"HorizonRouter.{name} must be a bool, got {v!r}")
         for name, v in (("smoothing", smoothing), ("slot_smoothing", slot_smoothing)):
@@ -345,7 +356,9 @@ class HorizonRouter(Policy):
         if slot_residence and not slot_price:
             raise ValueError("HorizonRouter.slot_residence needs slot_price=True")
         self.slot_price, self.slot_smoothing = slot_price, float(slot_smoothing)
-        self.slot_residence = slot_residence
+        if not slot_credit and not slot_price:
+            raise ValueError("HorizonRouter.slot_credit=False needs slot_price=True")
+        self.slot_residence, self.slot_credit = slot_residence, slot_credit
         self.exit, self.option = exit, option
         if not (continuation == "online" or (isinstance(continuation, int | float)
                                               and not isinstance(continuation, bool)
@@ -400,6 +413,8 @@ class HorizonRouter(Policy):
             p["slot_smoothing"] = self.slot_smoothing
         if self.slot_residence:
             p |= {"slot_residence": True}
+        if not self.slot_credit:
+            p |= {"slot_credit": False}
         return p | {"exit": self.exit, "option": self.option}
 
     # ---- per-run state ----------------------------------------------------------------------
@@ -504,7 +519,7 @@ class HorizonRouter(Policy):
         kernel.slot_prices(st.price, st.pi, st.displaced, st.gap, st.clock, cand.carbon,
                            cand.ok_if_free, len(st.price), ctx.available, cand.mask, st.pool,
                            ctx.prev, ctx.time_s, self.slot_smoothing,
-                           tau * (0.5 + ahead0), tau * (0.5 + ahead))
+                           tau * (0.5 + ahead0), tau * (0.5 + ahead), self.slot_credit)
         return st.price
 
     def compiled(self, info: kernel.ReplayInfo) -> dict | None:
@@ -548,6 +563,7 @@ class HorizonRouter(Policy):
                 np.int64), h_slot=self.slot_price, h_slot_s=self.slot_smoothing,
             h_surv_sum=_survival_sums(model, self.horizon),
             h_tau=np.ascontiguousarray(model.gap_s, np.float64), h_slot_res=self.slot_residence,
+            h_slot_credit=self.slot_credit,
             h_fallback=model.fallback, h_eligible=model.eligible,
             h_use_fallback=self.exit == "fallback", h_option=self.option,
             h_ref=MODELS.index(REFERENCE_DEPLOYMENT[0]))
