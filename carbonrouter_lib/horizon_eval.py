@@ -61,6 +61,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "w/o model stickiness": {"model_stickiness": False},
     "+ cache release": {"release": True},
     "w/o slot price": {"slot_price": False},
+    "w/o slot credit": {"slot_credit": False},
     "w/o option to move": {"option": False},
     "w/o fallback exit (cheapest other model)": {"exit": "cheapest"},
     "the former router (neither)": FORMER,
