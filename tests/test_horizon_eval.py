@@ -477,6 +477,7 @@ PARTS = {"the horizon pricing (J = 0)": "w/o horizon pricing (J = 0)",
          "the option to move": "w/o option to move",
          "both, against the former router": "the former router (neither)",
          "the slot price": "w/o slot price",
+         "the slot credit (against the variant without it, above)": "w/o slot credit",
          "the blend forecast over persistence": "w/o forecast (persistence)"}
 
 
