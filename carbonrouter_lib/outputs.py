@@ -40,18 +40,21 @@ def _write(target: Path, writer: Callable[[Path], None]) -> Path:
 
 
 def save_table(
-    df: pd.DataFrame, name: str, results_dir: str | os.PathLike, csv: bool = True
+    df: pd.DataFrame, name: str, results_dir: str | os.PathLike, csv: bool = True,
+    parquet: bool = True,
 ) -> list[Path]:
-    """Write ``df`` as ``<results_dir>/<name>.parquet`` (and ``.csv``), atomically.
+    """Write ``df`` as ``<results_dir>/<name>.parquet`` and ``.csv`` (each unless switched off),
+    atomically.
 
     Returns the paths written. The index is written only if it is named (tidy tables keep their
     keys as columns).
     """
     results_dir = Path(results_dir)
     keep_index = any(n is not None for n in df.index.names)
-    paths = [
-        _write(results_dir / f"{name}.parquet", lambda p: df.to_parquet(p, index=keep_index))
-    ]
+    paths = []
+    if parquet:
+        paths.append(_write(results_dir / f"{name}.parquet",
+                            lambda p: df.to_parquet(p, index=keep_index)))
     if csv:
         paths.append(_write(results_dir / f"{name}.csv", lambda p: df.to_csv(p, index=keep_index)))
     return paths

@@ -19,20 +19,14 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import pandas as pd
-
 from carbonrouter_lib import horizon_eval as he
 from carbonrouter_lib import sweep
-from carbonrouter_lib.outputs import atomic_path
+from carbonrouter_lib.outputs import save_table
 
 HERE = Path(__file__).resolve().parent
 #: without the slot price, and as the router was then: no fallback exit, no option to move
 PARAMS = {"slot_price": False, **he.FORMER}
 
-
-def _save(frame: pd.DataFrame, name: str) -> None:
-    with atomic_path(HERE / f"{name}.csv") as tmp:
-        frame.to_csv(tmp, index=False)
 
 
 def main() -> None:
@@ -41,10 +35,10 @@ def main() -> None:
     runs = runs[runs["policy"] != "w/o slot price"].reset_index(drop=True)
     results = sweep.run_sweep(list(runs["spec"]))
     t = he.table(results, runs, n_boot=1000)
-    _save(t, "horizon_plain_full_table")
-    _save(he.verdicts(t), "horizon_plain_full_verdicts")
-    _save(he.variants_table(t), "horizon_plain_full_variants")
-    _save(he.bound_shares(results, runs), "horizon_plain_full_bound")
+    save_table(t, "horizon_plain_full_table", HERE, parquet=False)
+    save_table(he.verdicts(t), "horizon_plain_full_verdicts", HERE, parquet=False)
+    save_table(he.variants_table(t), "horizon_plain_full_variants", HERE, parquet=False)
+    save_table(he.bound_shares(results, runs), "horizon_plain_full_bound", HERE, parquet=False)
 
     scale_runs = he.scale_grid("full")
     target = scale_runs["policy"] == he.TARGET
@@ -53,9 +47,9 @@ def main() -> None:
     scale_runs = scale_runs.assign(spec=specs, key=[s.key() for s in specs])
     scale_results = sweep.run_sweep(specs)
     ts = he.scale_table(scale_results, scale_runs, n_boot=1000)
-    _save(ts, "horizon_plain_scale_table")
+    save_table(ts, "horizon_plain_scale_table", HERE, parquet=False)
     vs = he.verdicts(ts, by=he.SCALE_BY)
-    _save(vs, "horizon_plain_scale_verdicts")
+    save_table(vs, "horizon_plain_scale_verdicts", HERE, parquet=False)
     print(he.verdicts(t)["lowest_co2"].value_counts().to_string())
     print(vs["lowest_co2"].value_counts().to_string())
 

@@ -19,12 +19,12 @@ What was looked at before these tables were made: the two settings the router wa
 kg / 0.203 s; the tuned setting: 22.281 kg / 0.238 s against 22.300 kg / 0.267 s. Three other rules
 were tried there and dropped, their P95 TTFT with ample memory still above CarbonRouter's:
 choosing, among the candidates no slower to a first token than the router's choice without the slot
-price, the one of least priced cost (18.176 kg / 0.218 s; tuned 22.379 kg / 0.250 s); the same with
-CarbonRouter's proposal as the reference (18.185 kg / 0.218 s); and crediting a switch only when
-the held pool has no free slot (18.051 kg / 0.235 s); their code was not kept (the variant's
-prototype gave the compiled variant's CO2 to the last digit). Every other setting of the full
-grid was first seen in these tables, and the choice between the credit and none was made on
-them, so only the fresh weeks are held-out for it.
+price, the one of least priced cost; the same with CarbonRouter's proposal as the reference; and
+crediting a switch only when the held pool has no free slot. Their code was not kept, so no numbers
+of them are given; the variant's prototype gave the compiled variant's CO2 to the last digit, and
+the numbers above are in the tables. Every other setting of the full grid was first seen in these
+tables, and the choice between the credit and none was made on them, so only the fresh weeks are
+held-out for it.
 
 The bound: its values in the committed ``horizon_full_bound.csv`` / ``horizon_fresh_bound.csv``
 (the bound does not depend on the router, and the slot credit touches only the router's slot
@@ -45,7 +45,7 @@ import pandas as pd
 
 from carbonrouter_lib import bound, sweep
 from carbonrouter_lib import horizon_eval as he
-from carbonrouter_lib.outputs import atomic_path
+from carbonrouter_lib.outputs import save_table
 
 HERE = Path(__file__).resolve().parent
 #: The label of the router with its default slot price (the credit on) in these tables.
@@ -86,10 +86,6 @@ def bound_shares(t: pd.DataFrame, bounds: pd.DataFrame | None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _save(frame: pd.DataFrame, name: str) -> None:
-    with atomic_path(HERE / f"{name}.csv") as tmp:
-        frame.to_csv(tmp, index=False)
-
 
 def main(grid: str) -> None:
     if grid not in ("full", "fresh"):
@@ -101,9 +97,9 @@ def main(grid: str) -> None:
     v = he.verdicts(t)
     path = HERE / f"horizon_{grid}_bound.csv"
     shares = bound_shares(t, pd.read_csv(path) if path.exists() else None)
-    _save(t, f"horizon_slot_credit_{grid}_table")
-    _save(v, f"horizon_slot_credit_{grid}_verdicts")
-    _save(shares, f"horizon_slot_credit_{grid}_bound")
+    save_table(t, f"horizon_slot_credit_{grid}_table", HERE, parquet=False)
+    save_table(v, f"horizon_slot_credit_{grid}_verdicts", HERE, parquet=False)
+    save_table(shares, f"horizon_slot_credit_{grid}_bound", HERE, parquet=False)
     print(v.round(3).to_string())
     print(shares.pivot_table(index=list(he.SETTING), columns="policy", sort=False,
                              values="share_of_possible_saving").round(3).to_string())

@@ -28,7 +28,7 @@ import pandas as pd
 
 from carbonrouter_lib import horizon_eval as he
 from carbonrouter_lib import sweep
-from carbonrouter_lib.outputs import atomic_path
+from carbonrouter_lib.outputs import save_table
 
 HERE = Path(__file__).resolve().parent
 #: The label of the horizon router without the slot price in these tables.
@@ -61,10 +61,6 @@ def runs_with_slot_price(settings, residence: bool = False) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
-def _save(frame: pd.DataFrame, name: str) -> None:
-    with atomic_path(HERE / f"{name}.csv") as tmp:
-        frame.to_csv(tmp, index=False)
-
 
 def main(grid: str, residence: bool = False) -> None:
     settings = he.grid_settings(grid)[0]
@@ -75,9 +71,9 @@ def main(grid: str, residence: bool = False) -> None:
     v = he.verdicts(t)
     others = (PLAIN, SLOT) if residence else (PLAIN,)
     shares = he.bound_shares(results, runs, policies=(*he.ONLINE, *others, he.TARGET))
-    _save(t, f"horizon_slot_price{suffix}_table")
-    _save(v, f"horizon_slot_price{suffix}_verdicts")
-    _save(shares, f"horizon_slot_price{suffix}_bound")
+    save_table(t, f"horizon_slot_price{suffix}_table", HERE, parquet=False)
+    save_table(v, f"horizon_slot_price{suffix}_verdicts", HERE, parquet=False)
+    save_table(shares, f"horizon_slot_price{suffix}_bound", HERE, parquet=False)
     print(v.round(3).to_string())
     print(shares.pivot_table(index=list(he.SETTING), columns="policy", sort=False,
                              values="share_of_possible_saving").round(3).to_string())
