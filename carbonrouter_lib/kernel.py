@@ -45,7 +45,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.typed import List
 
-__all__ = ["CODES", "COUNTERS", "GATE_KINDS", "TIMES_DECISIONS", "ReplayInfo", "cycles",
+__all__ = ["CODES", "COUNTERS", "GATE_KINDS", "TIMES_DECISIONS", "TINY", "ReplayInfo", "cycles",
            "horizon_future", "slot_prices", "replay", "rule"]
 
 #: Policy codes of the compiled decision rules.
@@ -61,6 +61,22 @@ _HOUR_S = 3600.0
 #: Scratch of a two-branch label (_branch): the session's view at its next turn.
 _Branch = namedtuple("_Branch",
                      "free tok f has ci cached avail hit_a hit_miss hit_new mask value eb eu")
+#: The options of the helpers the loop calls per event or decision, none of which allocates:
+#: compiled without Numba's reference counting (its ``_nrt=False``, which Numba's own
+#: allocation-free helpers use, e.g. numba.misc.mergesort). With it, every call takes and drops a
+#: reference to each array argument, two atomic operations per array: with 21 arrays, the
+#: horizon router's price of the future spent more of a decision on them than on its arithmetic
+#: (benchmarks/bench_scale.py). The arrays belong to the caller, which outlives the call.
+_LEAF = {"cache": True, "_nrt": False}
+#: The least normal float64. The horizon router's running averages (each KV pool's chance that a
+#: new cache evicts another, what a session finds of the cache it left, how often it stays,
+#: each pool's displacement) are set to 0 where an update leaves them below it. An average of
+#: zeros decays geometrically into subnormal numbers, and x86 CPUs compute with those in
+#: microcode, ~100 cycles an operation: the pools that never fill held subnormal chances for
+#: most of a replay, and they cost about a fifth of every decision. Where they enter the
+#: prices, 1 − φ, the averages' updates and the sums the router compares, a subnormal is
+#: absorbed exactly, so no decision changes (tests/test_kernel.py).
+TINY = float(np.finfo(np.float64).tiny)
 #: Whether the compiled loop can time its decisions here (the x86-64 time-stamp counter).
 TIMES_DECISIONS = platform.machine().lower() in ("x86_64", "amd64")
 
@@ -88,12 +104,18 @@ def cycles() -> int:
 # event heap: (time, key) pairs, lexicographic
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True, inline="always")
+@njit(**_LEAF, inline="always")
 def _less(t1, k1, t2, k2):
     return t1 < t2 or (t1 == t2 and k1 < k2)
 
 
-@njit(cache=True)
+@njit(**_LEAF, inline="always")
+def _normal(x):
+    """x ≥ 0, or 0 where it is below :data:`TINY` (subnormal)."""
+    return x if x >= TINY else 0.0
+
+
+@njit(**_LEAF)
 def _hpush(ht, hk, size, t, k):
     i = size
     while i > 0:
@@ -107,7 +129,7 @@ def _hpush(ht, hk, size, t, k):
     return size + 1
 
 
-@njit(cache=True)
+@njit(**_LEAF)
 def _hpop(ht, hk, size):
     """Remove the smallest (it is at index 0); returns the new size."""
     size -= 1
@@ -133,7 +155,7 @@ def _hpop(ht, hk, size):
 # cache-entry order: (f_last, session, deployment, version)
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True, inline="always")
+@njit(**_LEAF, inline="always")
 def _key_gt3(ef, es, ea, i, f, s, a):
     """Entry i's (f_last, session, deployment) > (f, s, a)."""
     if ef[i] != f:
@@ -143,7 +165,7 @@ def _key_gt3(ef, es, ea, i, f, s, a):
     return ea[i] > a
 
 
-@njit(cache=True)
+@njit(**_LEAF)
 def _append_sorted(head, tail, nxt, prv, q, e, ef, es, ea):
     """Append entry e to list q (heads/tails per list), after the last entry whose (f_last,
     session, deployment) is ≤ e's (completions come in time order: only exact ties in f_last
@@ -170,7 +192,7 @@ def _append_sorted(head, tail, nxt, prv, q, e, ef, es, ea):
         nxt[cur] = e
 
 
-@njit(cache=True)
+@njit(**_LEAF)
 def _popleft(head, tail, nxt, prv, q):
     e = head[q]
     h = nxt[e]
@@ -181,7 +203,7 @@ def _popleft(head, tail, nxt, prv, q):
         prv[h] = -1
 
 
-@njit(cache=True, inline="always")
+@njit(**_LEAF, inline="always")
 def _dlt(df, ds, da, dv, i, j):
     """Departed entry i < entry j in (f_last, session, deployment, version)."""
     if df[i] != df[j]:
@@ -193,7 +215,7 @@ def _dlt(df, ds, da, dv, i, j):
     return dv[i] < dv[j]
 
 
-@njit(cache=True)
+@njit(**_LEAF)
 def _dpush(heap, size, e, df, ds, da, dv):
     i = size
     while i > 0:
@@ -207,7 +229,7 @@ def _dpush(heap, size, e, df, ds, da, dv):
     return size + 1
 
 
-@njit(cache=True)
+@njit(**_LEAF)
 def _dpop(heap, size, df, ds, da, dv):
     size -= 1
     e = heap[size]
@@ -232,7 +254,7 @@ def _dpop(heap, size, df, ds, da, dv):
 # the learned gate's trees
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(**_LEAF)
 def _forest(f, z, left, right, feature, threshold, default_left, tree_start, n_trees, depth,
             base):
     """The fold-f forest's prediction for z (float64 features): gate._Forest.predict's
@@ -256,26 +278,29 @@ def _forest(f, z, left, right, feature, threshold, default_left, tree_start, n_t
 # the horizon router's price of the rest of the session (policies/horizon.py)
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True)
-def horizon_future(future, miss, work, surv, rho, fc, post_m, new_m, out_m, stay_m, e_in,
-                   e_cache, e_out, region, model, kv_pool, keep, n_models, cache_survival,
-                   model_stickiness, fallback, eligible, phi, use_fallback, option, mask, dom):
+@njit(**_LEAF)
+def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new_m, out_m,
+                   stay_m, e_in, e_cache, e_out, region, model, kv_pool, keep, n_models,
+                   cache_survival, model_stickiness, fallback, eligible, phi, use_fallback,
+                   option, mask, dom):
     """The expected carbon of the session's future turns on each deployment, gCO2e, written to
     ``future`` (n,) (``miss``: scratch (n,); ``work``: scratch of :func:`horizon_work_size`, so
     that a decision allocates nothing); the sum of :mod:`carbonrouter_lib.policies.horizon`.
     ``surv`` (J,): S_k(j); ``rho``: the chance a future turn is still on the chosen deployment,
-    per turn; ``fc`` (regions, J): the forecast; ``post_m``, ``new_m``, ``out_m``, ``stay_m``
-    per model: H_0, n̄_new, n̄_out, q_m; ``keep`` per KV pool: p. ``fallback`` (models,
-    models): where a session goes when its model turns infeasible (rows sum to 1, zero
-    diagonal), used with ``use_fallback`` (else the cheapest recomputing deployment of any other
-    model); ``eligible`` (models,): the models a later turn can need; ``phi`` per KV pool: the
-    chance a cache placed there evicts another; ``option``: price each future turn at the
-    cheaper of committing and moving (weighted by 1 − phi of the move's pool). Without
-    ``use_fallback`` and ``option`` the sum runs in its closed form (the former router's
-    operations, to the bit); with either, turn by turn, for the candidates (``mask``) only (0
-    elsewhere), the deployments numbered region-major with the same energies in every region
-    (:meth:`carbonrouter_lib.deployments.Deployments.build`'s). Shared by the Python policy and
-    the compiled loop, so both compute the same values (the sums over j run in order)."""
+    per turn; ``fc`` (regions, J): the forecast, with ``fc_lo`` and ``fc_arg`` (J,) its least
+    intensity per turn and that region (:func:`forecast_minima`); ``post_m``, ``new_m``,
+    ``out_m``, ``stay_m`` per model: H_0, n̄_new, n̄_out, q_m; ``keep`` per KV pool: p.
+    ``fallback`` (models, models): where a session goes when its model turns infeasible (rows
+    sum to 1, zero diagonal), used with ``use_fallback`` (else the cheapest recomputing
+    deployment of any other model); ``eligible`` (models,): the models a later turn can need;
+    ``phi`` per KV pool: the chance a cache placed there evicts another; ``option``: price each
+    future turn at the cheaper of committing and moving (weighted by 1 − phi of the move's
+    pool). Without ``use_fallback`` and ``option`` the sum runs in its closed form (the former
+    router's operations, to the bit); with either, turn by turn, for the candidates (``mask``)
+    only (0 elsewhere), the deployments numbered region-major with the same energies in every
+    region (:meth:`carbonrouter_lib.deployments.Deployments.build`'s). Shared by the Python
+    policy and the compiled loop, so both compute the same values (the sums over j run in
+    order)."""
     n_r, n_j = fc.shape
     a_r, b_r = work[:n_r], work[n_r:2 * n_r]
     best = work[2 * n_r:2 * n_r + n_models]
@@ -336,6 +361,8 @@ def horizon_future(future, miss, work, surv, rho, fc, post_m, new_m, out_m, stay
         linear_exit = lines and use_fallback
         if model_stickiness and linear_exit:
             for m in range(n_models):
+                if need[m] == 0.0:
+                    continue  # no candidate's model: its exit is never read
                 ea, eb, ws = 0.0, 0.0, 0.0
                 for m2 in range(n_models):
                     w = fallback[m, m2]
@@ -351,59 +378,74 @@ def horizon_future(future, miss, work, surv, rho, fc, post_m, new_m, out_m, stay
         for j in range(n_j):
             w_s[j] = surv[j] * rho_j  # ρ^j as a running product: no pow per turn
             rho_j *= rho
-            c_lo, r_lo = np.inf, 0
-            for r in range(n_r):
-                if fc[r, j] < c_lo:
-                    c_lo, r_lo = fc[r, j], r
-            b_lo = m0
-            if not lines or m0 == -2 or (model_stickiness and not linear_exit):
-                for m in range(n_models):
-                    best[m] = np.inf
-                e_lo, b_lo2 = np.inf, -1
-                if lines:
-                    for m in range(n_models):
-                        b = dom[m]
-                        e = alpha[b] + j * beta[b]
-                        best[m] = e
-                        if option and e < e_lo and eligible[m]:
-                            e_lo, b_lo2 = e, b
-                else:
-                    for b in range(block):
-                        m = model[b]
-                        e = alpha[b] + j * beta[b]
-                        if e < best[m]:
-                            best[m] = e
-                        if option and e < e_lo and eligible[m]:
-                            e_lo, b_lo2 = e, b
-                if m0 < 0:
-                    b_lo = b_lo2
-            if b_lo >= 0:
-                w_lo[j] = c_lo * (alpha[b_lo] + j * beta[b_lo])
-                w_free[j] = 1.0 - phi[kv_pool[r_lo * block + b_lo]]
-            else:
-                w_lo[j], w_free[j] = np.inf, 0.0
+        if lines and m0 >= 0 and (not model_stickiness or linear_exit):
+            # the move's block is the same at every turn and the exit is a line: each turn's
+            # terms in loops of their own (they vectorize; the same operations per turn)
+            a_lo, b_lo = alpha[m0], beta[m0]
+            for j in range(n_j):
+                w_lo[j] = fc_lo[j] * (a_lo + j * b_lo)
+            for j in range(n_j):
+                w_free[j] = 1.0 - phi[kv_pool[fc_arg[j] * block + m0]]
             if model_stickiness:
                 for m in range(n_models):
                     if need[m] == 0.0:
                         continue
-                    if linear_exit:
-                        ex = ex_a[m] + j * ex_b[m]
+                    ea, eb = ex_a[m], ex_b[m]
+                    row = w_ex[m * n_j:(m + 1) * n_j]
+                    for j in range(n_j):
+                        row[j] = fc_lo[j] * (ea + j * eb)
+        else:
+            for j in range(n_j):
+                c_lo, r_lo = fc_lo[j], fc_arg[j]
+                b_lo = m0
+                if not lines or m0 == -2 or (model_stickiness and not linear_exit):
+                    for m in range(n_models):
+                        best[m] = np.inf
+                    e_lo, b_lo2 = np.inf, -1
+                    if lines:
+                        for m in range(n_models):
+                            b = dom[m]
+                            e = alpha[b] + j * beta[b]
+                            best[m] = e
+                            if option and e < e_lo and eligible[m]:
+                                e_lo, b_lo2 = e, b
                     else:
-                        ex, ws = 0.0, 0.0
-                        if use_fallback:  # a model with no deployment here takes no weight
-                            for m2 in range(n_models):
-                                w = fallback[m, m2]
-                                if m2 != m and w > 0.0 and best[m2] < np.inf:
-                                    ex += w * best[m2]
-                                    ws += w
-                        if ws > 0.0:
-                            ex = ex / ws
+                        for b in range(block):
+                            m = model[b]
+                            e = alpha[b] + j * beta[b]
+                            if e < best[m]:
+                                best[m] = e
+                            if option and e < e_lo and eligible[m]:
+                                e_lo, b_lo2 = e, b
+                    if m0 < 0:
+                        b_lo = b_lo2
+                if b_lo >= 0:
+                    w_lo[j] = c_lo * (alpha[b_lo] + j * beta[b_lo])
+                    w_free[j] = 1.0 - phi[kv_pool[r_lo * block + b_lo]]
+                else:
+                    w_lo[j], w_free[j] = np.inf, 0.0
+                if model_stickiness:
+                    for m in range(n_models):
+                        if need[m] == 0.0:
+                            continue
+                        if linear_exit:
+                            ex = ex_a[m] + j * ex_b[m]
                         else:
-                            ex = np.inf
-                            for m2 in range(n_models):
-                                if m2 != m and best[m2] < ex:
-                                    ex = best[m2]
-                    w_ex[m * n_j + j] = c_lo * ex
+                            ex, ws = 0.0, 0.0
+                            if use_fallback:  # a model with no deployment here takes no weight
+                                for m2 in range(n_models):
+                                    w = fallback[m, m2]
+                                    if m2 != m and w > 0.0 and best[m2] < np.inf:
+                                        ex += w * best[m2]
+                                        ws += w
+                            if ws > 0.0:
+                                ex = ex / ws
+                            else:
+                                ex = np.inf
+                                for m2 in range(n_models):
+                                    if m2 != m and best[m2] < ex:
+                                        ex = best[m2]
+                        w_ex[m * n_j + j] = c_lo * ex
         for d in range(nd):
             if not mask[d]:
                 continue
@@ -473,6 +515,21 @@ def horizon_future(future, miss, work, surv, rho, fc, post_m, new_m, out_m, stay
             future[d] = q * future[d] + (1 - q) * move[model[d]]
 
 
+@njit(**_LEAF)
+def forecast_minima(fc, lo, arg):
+    """Per future turn j of the forecast ``fc`` (regions, J), gCO2e/kWh: the least intensity
+    into ``lo`` (J,) and its region, the first on ties, into ``arg`` (J,) — where
+    :func:`horizon_future` prices the option to move; computed once per forecast rather than
+    per decision."""
+    n_r, n_j = fc.shape
+    for j in range(n_j):
+        c_lo, r_lo = np.inf, 0
+        for r in range(n_r):
+            if fc[r, j] < c_lo:
+                c_lo, r_lo = fc[r, j], r
+        lo[j], arg[j] = c_lo, r_lo
+
+
 @njit(cache=True)
 def dominant_blocks(e_in, e_out, model, n_models, block):
     """Per model, the first block (deployment index < ``block``: a (GPU, model) of the first
@@ -501,7 +558,7 @@ def horizon_work_size(n_regions: int, n_models: int, n_deployments: int, horizon
                2 * block + (5 + n_models) * horizon + 4 * n_models)
 
 
-@njit(cache=True)
+@njit(**_LEAF)
 def residence_turns(surv, rho):
     """Σ_j S(j)·ρ^(j−1) over ``surv`` (J,) = S(1..J): the expected number of a session's future
     turns still on the deployment chosen now, when each later turn stays with chance ``rho``
@@ -513,7 +570,7 @@ def residence_turns(surv, rho):
     return total
 
 
-@njit(cache=True)
+@njit(**_LEAF)
 def slot_prices(price, pi, displaced, gap, clock, carbon, fits, n_fits, available, mask, pool,
                 prev, t, smoothing, sessions_s, remaining_s, credit):
     """The horizon router's slot price (:mod:`carbonrouter_lib.policies.horizon`), gCO2e per
@@ -545,7 +602,7 @@ def slot_prices(price, pi, displaced, gap, clock, carbon, fits, n_fits, availabl
                     g = max(lo_m - lo_c, 0.0)
             pb = pool[best]
             for p in range(len(displaced)):
-                displaced[p] *= 1.0 - smoothing
+                displaced[p] = _normal(displaced[p] * (1.0 - smoothing))
             displaced[pb] += smoothing * g
             if g > 0:
                 gap[pb] = g if gap[pb] == 0 else gap[pb] + smoothing * (g - gap[pb])
@@ -570,13 +627,13 @@ def slot_prices(price, pi, displaced, gap, clock, carbon, fits, n_fits, availabl
 # the replay
 # ---------------------------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(**_LEAF)
 def _remove(r, rec_of, rec_s, rec_a, rec_tok, used, kvp_of):
     used[kvp_of[rec_a[r]]] -= rec_tok[r]
     rec_of[rec_s[r], rec_a[r]] = -1
 
 
-@njit(cache=True)
+@njit(**_LEAF)
 def _valid(s, a, ver, rec_of, rec_ver, rec_pin):
     r = rec_of[s, a]
     if r == -1 or rec_ver[r] != ver or rec_pin[r]:
@@ -584,7 +641,7 @@ def _valid(s, a, ver, rec_of, rec_ver, rec_pin):
     return r
 
 
-@njit(cache=True)
+@njit(**_LEAF)
 def _feasibility(i, at, nd, n_hits, hit_a, hit_miss, hit_new, ok_all, fast_all, avail, v_pre,
                  d_ttft, hist_f, new_f, model, mask, value):
     """policies.feasibility for row i: writes the candidate ``mask`` (``value`` is scratch);
@@ -622,7 +679,7 @@ def _feasibility(i, at, nd, n_hits, hit_a, hit_miss, hit_new, ok_all, fast_all, 
     return 1
 
 
-@njit(cache=True)
+@njit(**_LEAF)
 def _energy_row(at, block, model, e_in, e_cache, e_out, de, new_f, hist_f, est_f, e_base, e_unc):
     """QueryBatch.energy_base and energy_uncached of the row whose tokens start at ``at``
     (kWh, per (GPU, model) pair of one region, into ``e_base`` and ``e_unc``): the same
@@ -635,7 +692,7 @@ def _energy_row(at, block, model, e_in, e_cache, e_out, de, new_f, hist_f, est_f
         e_unc[c] = de[c] * hist_f[k] + x
 
 
-@njit(cache=True)
+@njit(**_LEAF)
 def _values(kind, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss, n_hits, value):
     """Per deployment, into ``value``: the query's energy Ê (``kind`` 0: e_unc, or on a hit
     de·miss + e_base), its carbon Ĉ = CI·Ê (1; Candidates.carbon) or its base carbon CI·e_base
@@ -656,7 +713,7 @@ def _values(kind, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss, n_hits, val
             value[b] = ci[b] * e if kind == 1 else e
 
 
-@njit(cache=True)
+@njit(**_LEAF)
 def _rank(code, pricing, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss, n_hits, mask,
           value):
     """The candidate with the lowest ranking value (first on ties): energy (SA), carbon (CA,
@@ -877,6 +934,13 @@ def _replay(
     h_keep = np.full(n_kv, h_keep0)
     h_phi = np.ones(n_kv)  # per KV pool: the chance a new cache there evicts another
     h_dom = dominant_blocks(e_in, e_out, model, n_m, nd // n_regions)
+    # the forecasts' least intensity and region per turn (forecast_minima), per row and fold
+    h_fc_lo = np.empty((h_fc.shape[0], h_fc.shape[1], h_fc.shape[3]))
+    h_fc_arg = np.empty((h_fc.shape[0], h_fc.shape[1], h_fc.shape[3]), np.int64)
+    if code == 5:
+        for x in range(h_fc.shape[0]):
+            for f in range(h_fc.shape[1]):
+                forecast_minima(h_fc[x, f], h_fc_lo[x, f], h_fc_arg[x, f])
     h_stayed = 1.0
     # the slot price (HorizonRouter.slot_price): displacement per first turn, mean nonzero
     # displacement, price per pool; the rate of first turns and the last one's time
@@ -1045,7 +1109,8 @@ def _replay(
                 hb = hist_f[at + model[prev]]
                 if hb > 0:  # what the session found of the cache it left on prev
                     kp = kvp_of[prev]
-                    h_keep[kp] += h_smoothing * (cached[prev] / hb - h_keep[kp])
+                    h_keep[kp] = _normal(h_keep[kp] + h_smoothing
+                                         * (cached[prev] / hb - h_keep[kp]))
             fo = h_fold[s]
             kk = min(k, h_survival.shape[1] - 1)
             fr = cur_row - h_row0
@@ -1057,10 +1122,10 @@ def _replay(
                 need = post_m[h_ref]
                 for p in range(n_kv):
                     full = 1.0 if kv_cap[p] - used[p] < need else 0.0
-                    h_phi[p] += h_smoothing * (full - h_phi[p])
+                    h_phi[p] = _normal(h_phi[p] + h_smoothing * (full - h_phi[p]))
             rho_now = h_stayed if h_online else h_rho
-            horizon_future(future, miss_buf, h_work, h_survival[fo, kk, :h_j],
-                           rho_now, h_fc[fr, fo], post_m, h_new[fo],
+            horizon_future(future, miss_buf, h_work, h_survival[fo, kk, :h_j], rho_now,
+                           h_fc[fr, fo], h_fc_lo[fr, fo], h_fc_arg[fr, fo], post_m, h_new[fo],
                            h_out[fo], h_stay[fo], e_in, e_cache, e_out, region, model, kvp_of,
                            h_keep, n_m, h_cache_survival, h_stickiness, h_fallback[fo],
                            h_eligible[fo], h_phi, h_use_fallback, h_option, mask, h_dom)
@@ -1073,13 +1138,18 @@ def _replay(
                             h_tau[fo] * (0.5 + (residence_turns(h_survival[fo, kk, :h_j], rho_now)
                                                 if h_slot_res else h_surv_sum[fo, kk])),
                             h_slot_credit)
+            # the candidates' totals, summed one by one: a loop over every deployment would
+            # read Ĉ, the future and the price back in vectors right after they were written
+            # one by one, and wait for each store to land (a third of the decision's rest)
             lo = inf
             for b in range(nd):
-                value[b] = value[b] + future[b]
-                if h_slot:
-                    value[b] = value[b] + h_price[b]
-                if mask[b] and value[b] < lo:
-                    lo, a = value[b], b
+                if mask[b]:
+                    v = value[b] + future[b]
+                    if h_slot:
+                        v = v + h_price[b]
+                    value[b] = v
+                    if v < lo:
+                        lo, a = v, b
             if a == -1:
                 for b in range(nd):
                     if mask[b]:
@@ -1210,7 +1280,8 @@ def _replay(
         used[kp] += dlt
         if code == 5 and h_j > 0:
             if k > 0 and prev >= 0:  # on_served: how often the router keeps a session
-                h_stayed += h_smoothing * ((1.0 if a == prev else 0.0) - h_stayed)
+                h_stayed = _normal(h_stayed + h_smoothing * ((1.0 if a == prev else 0.0)
+                                                             - h_stayed))
             if h_release and prev >= 0 and prev != a:  # drop the cache left behind
                 r2 = rec_of[s, prev]
                 if r2 != -1:

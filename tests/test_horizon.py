@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from test_simulator import AMPLE, CONFIG, T0, make_table
 
-from carbonrouter_lib import prepared, setting, simulator
+from carbonrouter_lib import kernel, prepared, setting, simulator
 from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.policies import HorizonModel, HorizonRouter, fit_horizon_model, make_policy
 from carbonrouter_lib.prepared import conversation_folds
@@ -394,8 +394,13 @@ def test_the_future_term_is_its_formula(use_fallback, option, survival, stickine
     mask = rng.uniform(0, 1, n) < 0.6  # the candidates: the others need no value
     dom = kernel.dominant_blocks(e_in, e_out, model, n_m, n // n_r)
     assert (dom >= 0).all() == dominant  # e_out ∝ e_in: one GPU is least in every energy
-    kernel.horizon_future(future, miss, work, *args, n_m, survival, stickiness, fallback,
-                          eligible, phi, use_fallback, option, mask, dom)
+    fc = args[2]
+    fc_lo, fc_arg = np.empty(n_j), np.empty(n_j, np.int64)
+    kernel.forecast_minima(fc, fc_lo, fc_arg)
+    np.testing.assert_array_equal(fc_lo, fc.min(axis=0))  # no ties in a uniform draw
+    np.testing.assert_array_equal(fc_arg, fc.argmin(axis=0))
+    kernel.horizon_future(future, miss, work, *args[:3], fc_lo, fc_arg, *args[3:], n_m, survival,
+                          stickiness, fallback, eligible, phi, use_fallback, option, mask, dom)
     expected = _reference_future(*args, survival, stickiness, fallback, eligible, phi,
                                  use_fallback, option)
     priced = mask if (use_fallback or option) else np.ones(n, dtype=bool)
@@ -484,6 +489,34 @@ def test_the_option_to_move_follows_the_room_in_the_kv_pools():
             if option:
                 phi = router._bound.phi
                 assert (phi == 1.0).all() if label == "full" else phi.max() < 0.01
+                assert ((phi == 0) | (phi >= kernel.TINY)).all()  # never subnormal
     pd.testing.assert_frame_equal(runs["full", True][DECISION_COLUMNS],
                                   runs["full", False][DECISION_COLUMNS])
     assert not runs["ample", True]["deployment"].equals(runs["ample", False]["deployment"])
+
+
+def test_the_running_averages_never_hold_subnormal_numbers():
+    # An average of zeros at the default smoothing stops decaying at a subnormal number (0.95·x
+    # rounds back to x), where x86 computes in microcode; the router sets it to 0 instead
+    # (kernel.TINY), and that changes no value it compares: a subnormal is absorbed exactly by
+    # 1 − φ, by the next update towards 1, and by any normal price it is added to.
+    s = 0.05
+    x = y = 1.0
+    for _ in range(20_000):
+        x = x + s * (0.0 - x)
+        y = kernel._normal(y + s * (0.0 - y))
+    assert 0 < x < kernel.TINY and y == 0.0
+    assert kernel._normal(kernel.TINY) == kernel.TINY and kernel._normal(0.3) == 0.3
+    for sub in (x, 5e-324, kernel.TINY / 2, kernel.TINY * (1 - 2**-52)):
+        assert kernel._normal(sub) == 0.0
+        assert 1.0 - sub == 1.0 - 0.0
+        assert sub + s * (1.0 - sub) == 0.0 + s * (1.0 - 0.0)
+        assert 1e-12 + sub * 1e4 == 1e-12  # a price or carbon of 10⁻¹² g absorbs it
+
+
+def test_the_forecasts_minima_take_the_first_region_on_ties():
+    fc = np.array([[3.0, 1.0, 2.0, 5.0], [1.0, 1.0, 4.0, 5.0], [2.0, 0.5, 2.0, 5.0]])
+    lo, arg = np.empty(4), np.empty(4, np.int64)
+    kernel.forecast_minima(fc, lo, arg)
+    np.testing.assert_array_equal(lo, [1.0, 0.5, 2.0, 5.0])
+    np.testing.assert_array_equal(arg, [1, 2, 0, 0])

@@ -469,12 +469,14 @@ class HorizonRouter(Policy):
         f = st.fold(ctx.conversation, model)
         k = min(ctx.turn, model.survival.shape[1] - 1)
         rho = st.stayed if self.continuation == "online" else self.continuation
-        fc = st.forecast(ctx.time_s, model.gap_s[f], self.horizon, f)  # (n_regions, J)
+        # (n_regions, J), and per turn the least intensity and its region
+        fc, fc_lo, fc_arg = st.forecast_with_minima(ctx.time_s, model.gap_s[f], self.horizon, f)
         post = ctx.n_hist_m + ctx.n_new_m + ctx.n_out_est_m  # H_0 per model
         kernel.horizon_future(
             st.future, st.miss, st.work, model.survival[f, k, :self.horizon], float(rho), fc,
-            post, model.new_tokens[f], model.out_tokens[f], model.stay_feasible[f], st.e_in,
-            st.e_cache, st.e_out, st.region, st.model, st.kv_pool, st.keep,
+            fc_lo, fc_arg, post, model.new_tokens[f], model.out_tokens[f],
+            model.stay_feasible[f], st.e_in, st.e_cache, st.e_out, st.region, st.model,
+            st.kv_pool, st.keep,
             st.other_models.shape[0], self.cache_survival, self.model_stickiness,
             model.fallback[f], model.eligible[f], st.phi, self.exit == "fallback", self.option,
             cand.mask, st.dom)
@@ -496,6 +498,8 @@ class HorizonRouter(Policy):
             if hist_b > 0:
                 pool = st.kv_pool[b]
                 st.keep[pool] += self.smoothing * (ctx.cached[b] / hist_b - st.keep[pool])
+                if st.keep[pool] < kernel.TINY:  # subnormal: see kernel.TINY
+                    st.keep[pool] = 0.0
         if self.option:
             # does this query's context (in the reference model's tokens) fit in each KV pool
             # without evicting another cache?
@@ -503,6 +507,7 @@ class HorizonRouter(Policy):
             need = ctx.n_hist_m[r] + ctx.n_new_m[r] + ctx.n_out_est_m[r]
             free = ctx.backend.kv_capacities() - ctx.backend.pool_used_tokens()
             st.phi += self.smoothing * ((free < need).astype(np.float64) - st.phi)
+            st.phi[st.phi < kernel.TINY] = 0.0
         return st
 
     def _slot_prices(self, ctx: QueryContext, cand: Candidates, st: _RunState, f: int,
@@ -574,6 +579,8 @@ class HorizonRouter(Policy):
             # how often this router keeps a session where it was: the chance a future turn is
             # still on the deployment chosen now, per turn (the "online" continuation)
             st.stayed += self.smoothing * (float(a == ctx.prev) - st.stayed)
+            if st.stayed < kernel.TINY:
+                st.stayed = 0.0
 
     def released(self, ctx: QueryContext, a: int) -> tuple[int, ...]:
         """With ``release``: the cache the session leaves on its previous deployment when it
@@ -595,7 +602,7 @@ class _RunState:
         self.stayed = 1.0
         self.deployments = None
         self._folds: dict[int, int] = {}
-        self._fc: dict[tuple[int, float, int], np.ndarray] = {}
+        self._fc: dict[tuple[int, float, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def fold(self, conversation: int, model: HorizonModel) -> int:
         f = self._folds.get(conversation)
@@ -606,10 +613,17 @@ class _RunState:
     def forecast(self, t: float, gap_s: float, horizon: int, fold: int) -> np.ndarray:
         """Forecast (n_regions, J) for the J future turns, j·gap_s ahead, made at t's row (with
         the router's forecast error for ``fold``, if any)."""
+        return self.forecast_with_minima(t, gap_s, horizon, fold)[0]
+
+    def forecast_with_minima(self, t: float, gap_s: float, horizon: int,
+                             fold: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`forecast` with, per future turn, its least intensity (gCO2e/kWh, (J,)) and
+        that region ((J,) int64; :func:`carbonrouter_lib.kernel.forecast_minima`), cached
+        together per grid row."""
         row = self.forecaster.row(t)
         key = (row, gap_s, horizon, fold)
-        fc = self._fc.get(key)
-        if fc is None:
+        got = self._fc.get(key)
+        if got is None:
             if len(self._fc) > 4096:
                 self._fc.clear()
             leads = self.forecaster.leads(gap_s * np.arange(1, horizon + 1))
@@ -617,8 +631,10 @@ class _RunState:
             sigma, seed = self.noise
             if sigma > 0:
                 fc = fc * forecast_error(sigma, seed, row, fold, fc.shape)
-            self._fc[key] = fc
-        return fc
+            lo, arg = np.empty(horizon), np.empty(horizon, np.int64)
+            kernel.forecast_minima(fc, lo, arg)
+            got = self._fc[key] = (fc, lo, arg)
+        return got
 
 
 def _survival_sums(model: HorizonModel, horizon: int) -> np.ndarray:
