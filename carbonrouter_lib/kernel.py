@@ -64,16 +64,16 @@ _Branch = namedtuple("_Branch",
 #: The options of the helpers the loop calls per event or decision, none of which allocates:
 #: compiled without Numba's reference counting (its ``_nrt=False``, which Numba's own
 #: allocation-free helpers use, e.g. numba.misc.mergesort). With it, every call takes and drops a
-#: reference to each array argument, two atomic operations per array: with 21 arrays, the
-#: horizon router's price of the future spent ~290 of its ~750 ns a call on them (timed alone on
-#: recorded calls). The arrays belong to the caller, which outlives the call.
+#: reference to each array argument, two atomic operations per array: a large part of a call of
+#: the horizon router's price of the future, which takes 21 arrays. The arrays belong to the
+#: caller, which outlives the call.
 _LEAF = {"cache": True, "_nrt": False}
 #: The least normal float64. The horizon router's running averages (each KV pool's chance that a
 #: new cache evicts another, what a session finds of the cache it left, how often it stays,
 #: each pool's displacement) are set to 0 where an update leaves them below it. An average of
 #: zeros decays geometrically into subnormal numbers, and x86 CPUs compute with those in
 #: microcode, ~100 cycles an operation: the pools that never fill held subnormal chances for
-#: most of a replay, and their update took ~300 of a decision's ~3,200 cycles. Where they enter the
+#: most of a replay, and every decision computed with them. Where they enter the
 #: prices, 1 − φ, the averages' updates and the sums the router compares, a subnormal is
 #: absorbed exactly, so no decision changes (tests/test_horizon.py).
 TINY = float(np.finfo(np.float64).tiny)
@@ -1140,7 +1140,7 @@ def _replay(
                             h_slot_credit)
             # the candidates' totals, summed one by one: a loop over every deployment would
             # read Ĉ, the future and the price back in vectors right after they were written
-            # one by one, and wait for the stores to land (~460 cycles a decision; ~160 now)
+            # one by one, and wait for the stores to land
             lo = inf
             for b in range(nd):
                 if mask[b]:
