@@ -46,7 +46,7 @@ from numba.extending import intrinsic
 from numba.typed import List
 
 __all__ = ["CODES", "COUNTERS", "GATE_KINDS", "TIMES_DECISIONS", "TINY", "ReplayInfo", "cycles",
-           "horizon_future", "slot_prices", "replay", "rule"]
+           "horizon_future", "observe_room", "running_mean", "slot_prices", "replay", "rule"]
 
 #: Policy codes of the compiled decision rules.
 CODES = {"session-affinity": 0, "carbon-affinity": 1, "faircarbon": 2, "gar": 3,
@@ -113,6 +113,24 @@ def _less(t1, k1, t2, k2):
 def _normal(x):
     """x ≥ 0, or 0 where it is below :data:`TINY` (subnormal)."""
     return x if x >= TINY else 0.0
+
+
+@njit(**_LEAF, inline="always")
+def running_mean(x, target, s):
+    """The horizon router's running average x ≥ 0 moved a share ``s`` towards ``target``,
+    x + s·(target − x), and set to 0 where that leaves it subnormal (:data:`TINY`); both replay
+    loops update their averages through it."""
+    return _normal(x + s * (target - x))
+
+
+@njit(**_LEAF)
+def observe_room(phi, cap, used, need, s):
+    """The horizon router's φ per KV pool, the chance a new cache there evicts another
+    (:func:`running_mean` of whether a context of ``need`` tokens would not fit in the pool's
+    free memory, ``cap`` − ``used`` tokens), updated in place."""
+    for p in range(len(phi)):
+        full = 1.0 if cap[p] - used[p] < need else 0.0
+        phi[p] = running_mean(phi[p], full, s)
 
 
 @njit(**_LEAF)
@@ -1109,8 +1127,7 @@ def _replay(
                 hb = hist_f[at + model[prev]]
                 if hb > 0:  # what the session found of the cache it left on prev
                     kp = kvp_of[prev]
-                    h_keep[kp] = _normal(h_keep[kp] + h_smoothing
-                                         * (cached[prev] / hb - h_keep[kp]))
+                    h_keep[kp] = running_mean(h_keep[kp], cached[prev] / hb, h_smoothing)
             fo = h_fold[s]
             kk = min(k, h_survival.shape[1] - 1)
             fr = cur_row - h_row0
@@ -1119,10 +1136,7 @@ def _replay(
             for m in range(n_m):
                 post_m[m] = hist_f[at + m] + new_f[at + m] + est_f[at + m]
             if h_option:  # would this query's context fit in each KV pool without evicting?
-                need = post_m[h_ref]
-                for p in range(n_kv):
-                    full = 1.0 if kv_cap[p] - used[p] < need else 0.0
-                    h_phi[p] = _normal(h_phi[p] + h_smoothing * (full - h_phi[p]))
+                observe_room(h_phi, kv_cap, used, post_m[h_ref], h_smoothing)
             rho_now = h_stayed if h_online else h_rho
             horizon_future(future, miss_buf, h_work, h_survival[fo, kk, :h_j], rho_now,
                            h_fc[fr, fo], h_fc_lo[fr, fo], h_fc_arg[fr, fo], post_m, h_new[fo],
@@ -1147,7 +1161,6 @@ def _replay(
                     v = value[b] + future[b]
                     if h_slot:
                         v = v + h_price[b]
-                    value[b] = v
                     if v < lo:
                         lo, a = v, b
             if a == -1:
@@ -1280,8 +1293,7 @@ def _replay(
         used[kp] += dlt
         if code == 5 and h_j > 0:
             if k > 0 and prev >= 0:  # on_served: how often the router keeps a session
-                h_stayed = _normal(h_stayed + h_smoothing * ((1.0 if a == prev else 0.0)
-                                                             - h_stayed))
+                h_stayed = running_mean(h_stayed, 1.0 if a == prev else 0.0, h_smoothing)
             if h_release and prev >= 0 and prev != a:  # drop the cache left behind
                 r2 = rec_of[s, prev]
                 if r2 != -1:

@@ -497,17 +497,15 @@ class HorizonRouter(Policy):
             hist_b = ctx.n_hist_m[st.model[b]]
             if hist_b > 0:
                 pool = st.kv_pool[b]
-                st.keep[pool] += self.smoothing * (ctx.cached[b] / hist_b - st.keep[pool])
-                if st.keep[pool] < kernel.TINY:  # subnormal: see kernel.TINY
-                    st.keep[pool] = 0.0
+                st.keep[pool] = kernel.running_mean(st.keep[pool], ctx.cached[b] / hist_b,
+                                                    self.smoothing)
         if self.option:
             # does this query's context (in the reference model's tokens) fit in each KV pool
             # without evicting another cache?
             r = st.ref
             need = ctx.n_hist_m[r] + ctx.n_new_m[r] + ctx.n_out_est_m[r]
-            free = ctx.backend.kv_capacities() - ctx.backend.pool_used_tokens()
-            st.phi += self.smoothing * ((free < need).astype(np.float64) - st.phi)
-            st.phi[st.phi < kernel.TINY] = 0.0
+            kernel.observe_room(st.phi, ctx.backend.kv_capacities(),
+                                ctx.backend.pool_used_tokens(), float(need), self.smoothing)
         return st
 
     def _slot_prices(self, ctx: QueryContext, cand: Candidates, st: _RunState, f: int,
@@ -578,9 +576,7 @@ class HorizonRouter(Policy):
         if st is not None and ctx.turn > 0 and ctx.prev >= 0:
             # how often this router keeps a session where it was: the chance a future turn is
             # still on the deployment chosen now, per turn (the "online" continuation)
-            st.stayed += self.smoothing * (float(a == ctx.prev) - st.stayed)
-            if st.stayed < kernel.TINY:
-                st.stayed = 0.0
+            st.stayed = kernel.running_mean(st.stayed, float(a == ctx.prev), self.smoothing)
 
     def released(self, ctx: QueryContext, a: int) -> tuple[int, ...]:
         """With ``release``: the cache the session leaves on its previous deployment when it
