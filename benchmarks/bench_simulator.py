@@ -65,7 +65,10 @@ SESSIONS = (1000, 3000, None)  # None: all
 TARGET_POLICIES = ("faircarbon", "carbonrouter", "carbonrouter-no-gate")
 #: Variants timed beside the registry's policies in (a): label → (policy, parameters).
 VARIANTS = {f"{horizon_eval.TARGET} w/o slot price": (horizon_eval.TARGET,
-                                                      horizon_eval.VARIANTS["w/o slot price"])}
+                                                      horizon_eval.VARIANTS["w/o slot price"]),
+            # the TTFT price with an SLO some candidates miss, so that it is priced and ν moves
+            f"{horizon_eval.TARGET} with a 0.5-s TTFT SLO": (horizon_eval.TARGET,
+                                                             {"ttft_slo_s": 0.5})}
 _GATES: dict[tuple, gate.LearnedGate] = {}
 
 

@@ -24,6 +24,7 @@ replayed when they were designed: all 32 of their settings are held-out.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,7 +38,8 @@ from carbonrouter_lib.sweep import RunSpec
 __all__ = ["TARGET", "ONLINE", "REFERENCE", "FORMER", "VARIANTS", "NOISE", "TUNED", "FRESH_WEEKS",
            "WINDOWS", "DESIGNED_ON", "SETTING", "GRIDS", "SCALE_GRIDS", "SCALE_BY", "setting",
            "grid", "grid_settings", "scale_grid", "table", "scale_table", "verdicts",
-           "variants_table", "bound_shares", "first_turn_split", "held_out"]
+           "variants_table", "bound_shares", "first_turn_split", "held_out", "with_ttft_slo",
+           "ttft_slo_table", "TTFT_SLO_FROM", "NO_TTFT_SLO", "TTFT_SLO_DESIGNED_ON"]
 
 #: The router evaluated (registry name; its defaults).
 TARGET = "carbonrouter-horizon"
@@ -83,6 +85,17 @@ TUNED: dict[str, str] = {"dataset": "sharegpt", "region_set": "paper", "memory":
 #: fallback exit and the option to move (2026-12-05) were designed against. Every other
 #: setting, and every fresh week (:data:`FRESH_WEEKS`), is held-out.
 DESIGNED_ON: tuple[dict[str, str], ...] = (TUNED, {**TUNED, "memory": "paper x10"})
+#: The label of the router with the TTFT price (``ttft_slo_s``: an SLO per setting, docs/model.md
+#: §11.4b) in :func:`with_ttft_slo`'s runs, where it is the target and the router without it
+#: is :data:`NO_TTFT_SLO`.
+TTFT_SLO_FROM = "carbonrouter"
+#: The router without the TTFT price (its defaults) in :func:`with_ttft_slo`'s runs.
+NO_TTFT_SLO = "carbonrouter-horizon (no TTFT price)"
+#: The settings looked at while the TTFT price was designed (prototypes, 2026-12-05): the
+#: router's :data:`DESIGNED_ON` and the Mooncake trace in winter (paper regions and memory
+#: rule), where the router's P95 TTFT was 2 ms above CarbonRouter's.
+TTFT_SLO_DESIGNED_ON: tuple[dict[str, str], ...] = (
+    *DESIGNED_ON, {**TUNED, "dataset": "mooncake"})
 #: The columns that tell settings apart.
 SETTING: tuple[str, ...] = ("dataset", "region_set", "memory", "season")
 
@@ -231,10 +244,44 @@ def table(results: Mapping[str, Any], runs: pd.DataFrame, n_boot: int = 2000,
     return t.assign(held_out=[held_out(st) for st in t[list(SETTING)].to_dict("records")])
 
 
-def held_out(st: Mapping[str, str]) -> bool:
-    """Whether setting ``st`` (the :data:`SETTING` keys) is held-out: not in
-    :data:`DESIGNED_ON`."""
-    return not any(all(st[k] == v for k, v in d.items()) for d in DESIGNED_ON)
+def held_out(st: Mapping[str, str],
+             designed_on: Sequence[Mapping[str, str]] = DESIGNED_ON) -> bool:
+    """Whether setting ``st`` (the :data:`SETTING` keys) is held-out: not in ``designed_on``
+    (default :data:`DESIGNED_ON`)."""
+    return not any(all(st[k] == v for k, v in d.items()) for d in designed_on)
+
+
+def with_ttft_slo(runs: pd.DataFrame, t: pd.DataFrame,
+                  slo_from: str = TTFT_SLO_FROM) -> pd.DataFrame:
+    """The second phase of the TTFT price's evaluation: of :func:`grid`'s ``runs`` (run, with
+    their :func:`table` ``t``), the online policies, the references and the router relabelled
+    :data:`NO_TTFT_SLO`, and as :data:`TARGET` the router with ``ttft_slo_s`` = ``slo_from``'s
+    P95 TTFT (s) in the same setting — the SLO an operator would set from the incumbent's
+    measurements; the router learns nothing else from those runs."""
+    slo = {tuple(r[k] for k in SETTING): float(r["p95_ttft_s"])
+           for r in t[t["policy"] == slo_from].to_dict("records")}
+    target = runs[runs["policy"] == TARGET]
+    missing = [st for st in target[list(SETTING)].itertuples(index=False, name=None)
+               if st not in slo]
+    if missing:
+        raise ValueError(f"horizon_eval.with_ttft_slo: no {slo_from!r} run in {missing}")
+    variant = target.copy()
+    variant["spec"] = [dataclasses.replace(r["spec"], policy_params=dict(r["spec"].policy_params)
+                                           | {"ttft_slo_s": slo[tuple(r[k] for k in SETTING)]})
+                       for r in target.to_dict("records")]
+    variant["key"] = [spec.key() for spec in variant["spec"]]
+    keep = runs["policy"].isin([*ONLINE, *REFERENCE])
+    return pd.concat([runs[keep], target.assign(policy=NO_TTFT_SLO), variant],
+                     ignore_index=True)
+
+
+def ttft_slo_table(results: Mapping[str, Any], runs: pd.DataFrame, n_boot: int = 2000,
+                   seed: int = 0) -> pd.DataFrame:
+    """:func:`table` of :func:`with_ttft_slo`'s runs (the router with the TTFT price as the
+    target), ``held_out`` against :data:`TTFT_SLO_DESIGNED_ON`."""
+    t = table(results, runs, n_boot=n_boot, seed=seed)
+    return t.assign(held_out=[held_out(st, TTFT_SLO_DESIGNED_ON)
+                              for st in t[list(SETTING)].to_dict("records")])
 
 
 def verdicts(t: pd.DataFrame, by: Sequence[str] = SETTING) -> pd.DataFrame:

@@ -589,6 +589,34 @@ def residence_turns(surv, rho):
 
 
 @njit(**_LEAF)
+def ttft_prices(price, slo, nu, carbon, mask, cached, new_m, hist_m, model, v_pre):
+    """The horizon router's TTFT price (:mod:`carbonrouter_lib.policies.horizon`), gCO2e per
+    deployment, written to ``price`` (n,) for the candidates (``mask``): ν·min Ĉ over the
+    candidates (``carbon``) where the candidate's TTFT, Eq. 6's (N_new + N_hist − L(a)) / v_pre,
+    exceeds the SLO ``slo`` (s), else 0. ``new_m``, ``hist_m``: this query's tokens per model;
+    ``cached``: L(a) per deployment."""
+    lo = math.inf
+    for b in range(len(mask)):
+        if mask[b] and carbon[b] < lo:
+            lo = carbon[b]
+    c = nu * lo
+    for b in range(len(mask)):
+        if mask[b]:
+            m = model[b]
+            slow = (new_m[m] + hist_m[m] - cached[b]) / v_pre[b] > slo
+            price[b] = c if slow and c > 0.0 else 0.0
+
+
+@njit(**_LEAF, inline="always")
+def ttft_dual(nu, ttft_served, slo, share, step):
+    """The TTFT price's multiplier ν after a choice served with ``ttft_served`` (s): ν +
+    ``step``·(1{TTFT > ``slo``} − ``share``), not below 0 (dual ascent on the chance
+    constraint P(TTFT > SLO) ≤ share)."""
+    over = 1.0 if ttft_served > slo else 0.0
+    return max(0.0, nu + step * (over - share))
+
+
+@njit(**_LEAF)
 def slot_prices(price, pi, displaced, gap, clock, carbon, fits, n_fits, available, mask, pool,
                 prev, t, smoothing, sessions_s, remaining_s, credit):
     """The horizon router's slot price (:mod:`carbonrouter_lib.policies.horizon`), gCO2e per
@@ -872,6 +900,7 @@ def _replay(
     h_j, h_online, h_rho, h_smoothing, h_cache_survival, h_stickiness, h_release, h_survival,
     h_new, h_out, h_stay, h_keep0, h_fc, h_row0, h_fold, h_slot, h_slot_s, h_surv_sum, h_tau,
     h_slot_res, h_slot_credit, h_fallback, h_eligible, h_use_fallback, h_option, h_ref,
+    h_tg_slo, h_tg_share, h_tg_step,
     c_row, c_dep, c_disp, c_compl, c_cached, c_ttft, c_be, c_rej, c_switch, c_opp, c_block,
     counters, time_decisions, dec_cyc,
 ):
@@ -967,6 +996,9 @@ def _replay(
     h_pi = np.zeros(n_pools)
     h_clock = np.array([0.0, math.nan])
     h_price = np.zeros(nd)
+    # the TTFT price (HorizonRouter.ttft_slo_s): its multiplier ν and prices
+    h_nu = 0.0
+    h_tprice = np.zeros(nd)
     cur_row = -1
     prev_served = np.full(n_sessions, -1, np.int64)
     served_on = np.full(n, -1, np.int32)
@@ -1152,6 +1184,9 @@ def _replay(
                             h_tau[fo] * (0.5 + (residence_turns(h_survival[fo, kk, :h_j], rho_now)
                                                 if h_slot_res else h_surv_sum[fo, kk])),
                             h_slot_credit)
+            if h_tg_slo > 0.0:
+                ttft_prices(h_tprice, h_tg_slo, h_nu, value, mask, cached, new_f[at:at + n_m],
+                            hist_f[at:at + n_m], model, v_pre)
             # the candidates' totals, summed one by one: a loop over every deployment would
             # read Ĉ, the future and the price back in vectors right after they were written
             # one by one, and wait for the stores to land
@@ -1161,6 +1196,8 @@ def _replay(
                     v = value[b] + future[b]
                     if h_slot:
                         v = v + h_price[b]
+                    if h_tg_slo > 0.0:
+                        v = v + h_tprice[b]
                     if v < lo:
                         lo, a = v, b
             if a == -1:
@@ -1292,6 +1329,8 @@ def _replay(
         rec_tok[r] += dlt
         used[kp] += dlt
         if code == 5 and h_j > 0:
+            if h_tg_slo > 0.0:
+                h_nu = ttft_dual(h_nu, ttft, h_tg_slo, h_tg_share, h_tg_step)
             if k > 0 and prev >= 0:  # on_served: how often the router keeps a session
                 h_stayed = running_mean(h_stayed, 1.0 if a == prev else 0.0, h_smoothing)
             if h_release and prev >= 0 and prev != a:  # drop the cache left behind
@@ -1445,7 +1484,7 @@ def rule(name: str, **params) -> dict:
                 h_surv_sum=np.zeros((1, 1)), h_tau=np.zeros(1), h_slot_res=False,
                 h_slot_credit=True, h_fallback=np.zeros((1, 1, 1)),
                 h_eligible=np.ones((1, 1), np.bool_), h_use_fallback=False, h_option=False,
-                h_ref=0)
+                h_ref=0, h_tg_slo=0.0, h_tg_share=0.05, h_tg_step=0.05)
     unknown = set(params) - set(spec)
     if unknown:
         raise ValueError(f"kernel.rule: unknown parameters {sorted(unknown)}")

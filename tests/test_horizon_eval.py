@@ -39,6 +39,31 @@ def test_grid_runs_every_online_policy_and_the_variants_only_where_asked():
         he.grid_settings("huge")
 
 
+def test_the_ttft_slo_runs_give_the_router_carbonrouters_p95_of_the_same_setting():
+    # the second phase: the router with ttft_slo_s = CarbonRouter's P95 TTFT in its own setting
+    # is the target; the router without it is relabelled; variants are not carried over
+    tuned = dict(he.TUNED)
+    other = dict(tuned, season="summer")
+    runs = he.grid([tuned, other], [tuned], max_conversations=30)
+    t = pd.DataFrame([{**st, "policy": p, "p95_ttft_s": p95}
+                      for st, base in ((tuned, 1.0), (other, 2.0))
+                      for p, p95 in (("carbonrouter", base), ("carbonrouter-no-gate", 9.0))])
+    two = he.with_ttft_slo(runs, t)
+    per = two.groupby("season")["policy"].agg(list)
+    assert per["winter"] == per["summer"] == [*he.ONLINE, *he.REFERENCE, he.NO_TTFT_SLO,
+                                              he.TARGET]
+    for season, slo in (("winter", 1.0), ("summer", 2.0)):
+        g = two[two["season"] == season].set_index("policy")
+        assert g.loc[he.TARGET, "spec"].policy_params == {"ttft_slo_s": slo}
+        assert g.loc[he.NO_TTFT_SLO, "key"] == runs[(runs.season == season) & (
+            runs.policy == he.TARGET)]["key"].iloc[0]
+    assert two["key"].is_unique
+    with pytest.raises(ValueError, match="no 'carbonrouter' run"):
+        he.with_ttft_slo(runs, t[t["season"] == "winter"])
+    assert not he.held_out(dict(tuned, dataset="mooncake"), he.TTFT_SLO_DESIGNED_ON)
+    assert he.held_out(dict(tuned, dataset="mooncake"))
+
+
 def _table(co2: dict[str, float], ci: dict[str, tuple[float, float]], season="winter"):
     rows = []
     for p, c in co2.items():

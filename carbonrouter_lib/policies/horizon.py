@@ -86,6 +86,20 @@ future term (the chance a later turn stays where this one goes), so the price sh
 router switches often — where the cache survives a switch (ample KV memory) — and is the plain
 slot price where it never switches (ρ = 1).
 
+The *TTFT price* (``ttft_slo_s``, off by default; docs/model.md §11.4b) keeps the P95 of the
+served queries' TTFT (Eq. 6) at most an SLO the router is given: the chance constraint
+P(TTFT > SLO) ≤ ``ttft_share`` (0.05) enters the choice through a Lagrange multiplier ν ≥ 0. A
+candidate whose TTFT (N_new + N_hist − L(a)) / v_pre exceeds the SLO costs ν·min_a′ Ĉ_k(a′)
+more (ν counts turns of this query's least carbon), and after each served query ν ← max(0, ν +
+``ttft_step``·(1{TTFT > SLO} − share)) (dual ascent). Where more than the share of queries
+exceed the SLO, ν rises until they no longer do. Where fewer do, ν is 0 except just after an
+exceedance, which raises it by step·(1 − share) for the next (1 − share)/share queries (19): an
+SLO no query misses leaves every decision the router's without the price, one that is missed
+rarely changes a few. A query whose every candidate exceeds the SLO (a long prompt) is priced
+alike on all of them: the price cannot move it, and where such queries exceed the share ν keeps
+rising and the router meets the SLO wherever a candidate can. It reads only TTFTs already
+served; both replay loops run it.
+
 Units: gCO2e, kWh, tokens, seconds, gCO2e/kWh.
 """
 
@@ -314,6 +328,14 @@ class HorizonRouter(Policy):
         With ``slot_price``: a switch is credited the slot it frees in the pool the session
         holds, so it pays (π_{p(a)} − π_b)·T_k (default True); False: staying in the held pool
         is free and a switch pays π_{p(a)}·T_k, with no credit for leaving (module docstring).
+    ttft_slo_s : float or None
+        The TTFT the served queries' P95 should not exceed, s (the TTFT price, module
+        docstring); None (default): no TTFT price.
+    ttft_share : float
+        With ``ttft_slo_s``: the share of queries allowed above it, in (0, 1). Default 0.05 (a
+        P95 objective).
+    ttft_step : float
+        With ``ttft_slo_s``: the dual step of ν per served query, in (0, 1). Default 0.05.
     option : bool
         Price each future turn at the cheaper of committing to the candidate and moving to the
         least-carbon deployment of a model a later turn can need, the move weighted by the chance
@@ -328,7 +350,9 @@ class HorizonRouter(Policy):
                  model: HorizonModel | str = LEARNED, forecast_noise: float = 0.0,
                  noise_seed: int = 0, slot_price: bool | None = None,
                  slot_smoothing: float = 0.01, slot_residence: bool = False,
-                 exit: str = "fallback", option: bool = True, slot_credit: bool = True) -> None:
+                 exit: str = "fallback", option: bool = True, slot_credit: bool = True,
+                 ttft_slo_s: float | None = None, ttft_share: float = 0.05,
+                 ttft_step: float = 0.05) -> None:
         from carbonrouter_lib.forecast import FORECASTERS
 
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
@@ -360,6 +384,18 @@ class HorizonRouter(Policy):
             raise ValueError("HorizonRouter.slot_credit=False needs slot_price=True")
         self.slot_residence, self.slot_credit = slot_residence, slot_credit
         self.exit, self.option = exit, option
+        if ttft_slo_s is not None and (isinstance(ttft_slo_s, bool) or not isinstance(
+                ttft_slo_s, int | float) or not 0 < ttft_slo_s < math.inf):
+            raise ValueError(f"HorizonRouter.ttft_slo_s must be None or a number of seconds > 0, "
+                             f"got {ttft_slo_s!r}")
+        for name, v in (("ttft_share", ttft_share), ("ttft_step", ttft_step)):
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < 1:
+                raise ValueError(f"HorizonRouter.{name} must be in (0, 1), got {v!r}")
+        if ttft_slo_s is not None and horizon == 0:
+            raise ValueError("HorizonRouter.ttft_slo_s needs horizon ≥ 1 (with J = 0 the router "
+                             "is CarbonRouter's proposal)")
+        self.ttft_slo_s = None if ttft_slo_s is None else float(ttft_slo_s)
+        self.ttft_share, self.ttft_step = float(ttft_share), float(ttft_step)
         if not (continuation == "online" or (isinstance(continuation, int | float)
                                               and not isinstance(continuation, bool)
                                               and 0 <= continuation <= 1)):
@@ -415,6 +451,9 @@ class HorizonRouter(Policy):
             p |= {"slot_residence": True}
         if not self.slot_credit:
             p |= {"slot_credit": False}
+        if self.ttft_slo_s is not None:
+            p |= {"ttft_slo_s": self.ttft_slo_s, "ttft_share": self.ttft_share,
+                  "ttft_step": self.ttft_step}
         return p | {"exit": self.exit, "option": self.option}
 
     # ---- per-run state ----------------------------------------------------------------------
@@ -448,6 +487,7 @@ class HorizonRouter(Policy):
         state.gap = np.zeros(d.n_pools)  # ḡ_p, gCO2e per displaced first turn
         state.clock = np.array([0.0, math.nan])  # Λ (1/s), the last first turn's time (s)
         state.pi, state.price = np.zeros(d.n_pools), np.zeros(d.n)
+        state.ttft_price, state.v_pre = np.zeros(d.n), np.asarray(d.v_pre, np.float64)
         state.surv_sum = _survival_sums(model, self.horizon)
         state.work = np.empty(kernel.horizon_work_size(len(d.regions), len(d.models), d.n,
                                                        self.horizon))
@@ -480,10 +520,14 @@ class HorizonRouter(Policy):
             st.other_models.shape[0], self.cache_survival, self.model_stickiness,
             model.fallback[f], model.eligible[f], st.phi, self.exit == "fallback", self.option,
             cand.mask, st.dom)
+        total = cand.carbon + st.future
         if self.slot_price:
-            return cand.argmin(cand.carbon + st.future
-                               + self._slot_prices(ctx, cand, st, f, k, float(rho)))
-        return cand.argmin(cand.carbon + st.future)
+            total += self._slot_prices(ctx, cand, st, f, k, float(rho))
+        if self.ttft_slo_s is not None:
+            kernel.ttft_prices(st.ttft_price, self.ttft_slo_s, st.nu, cand.carbon, cand.mask,
+                               ctx.cached, ctx.n_new_m, ctx.n_hist_m, st.model, st.v_pre)
+            total += np.where(cand.mask, st.ttft_price, 0.0)
+        return cand.argmin(total)
 
     def _observe(self, ctx: QueryContext) -> _RunState:
         """The run's state (bound on its first query), after this query's observation of the
@@ -569,10 +613,18 @@ class HorizonRouter(Policy):
             h_slot_credit=self.slot_credit,
             h_fallback=model.fallback, h_eligible=model.eligible,
             h_use_fallback=self.exit == "fallback", h_option=self.option,
-            h_ref=MODELS.index(REFERENCE_DEPLOYMENT[0]))
+            h_ref=MODELS.index(REFERENCE_DEPLOYMENT[0]),
+            h_tg_slo=0.0 if self.ttft_slo_s is None else self.ttft_slo_s,
+            h_tg_share=self.ttft_share, h_tg_step=self.ttft_step)
 
     def on_served(self, ctx: QueryContext, a: int) -> None:
         st = self._bound
+        if st is not None and self.ttft_slo_s is not None:
+            # the TTFT price's multiplier, from the TTFT this query is served with (Eq. 6)
+            ttft = cost.ttft_s(ctx.n_new_m[st.model[a]], ctx.n_hist_m[st.model[a]],
+                               float(ctx.cached[a]), st.v_pre[a])
+            st.nu = kernel.ttft_dual(st.nu, float(ttft), self.ttft_slo_s, self.ttft_share,
+                                     self.ttft_step)
         if st is not None and ctx.turn > 0 and ctx.prev >= 0:
             # how often this router keeps a session where it was: the chance a future turn is
             # still on the deployment chosen now, per turn (the "online" continuation)
@@ -596,6 +648,7 @@ class _RunState:
         self.kv_pool = kv_pool
         self.keep = keep
         self.stayed = 1.0
+        self.nu = 0.0  # the TTFT price's multiplier ν
         self.deployments = None
         self._folds: dict[int, int] = {}
         self._fc: dict[tuple[int, float, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}

@@ -67,22 +67,24 @@ def runs_without_credit(settings) -> pd.DataFrame:
     return pd.concat([grid[grid["policy"] != he.TARGET], credit, variant], ignore_index=True)
 
 
-def bound_shares(t: pd.DataFrame, bounds: pd.DataFrame | None) -> pd.DataFrame:
-    """Per setting and policy of table ``t``, the share of the committed bound's possible saving
-    over Session-Affinity (NaN where ``bounds`` has no bound for the setting)."""
+def bound_shares(t: pd.DataFrame, bounds: pd.DataFrame | None, other: str = CREDIT,
+                 designed_on=he.DESIGNED_ON) -> pd.DataFrame:
+    """Per setting and policy of table ``t`` (the online policies, ``other`` and the target), the
+    share of the committed bound's possible saving over Session-Affinity (NaN where ``bounds``
+    has no bound for the setting); ``held_out`` against ``designed_on``."""
     rows = []
     kg = {} if bounds is None else bounds.groupby(list(he.SETTING))["bound_kg"].first().to_dict()
     for st, g in t.groupby(list(he.SETTING), sort=False):
         g = g.set_index("policy")
         sa = float(g.loc["session-affinity", "total_co2_kg"])
         b = kg.get(st, np.nan)
-        for p in (*he.ONLINE, CREDIT, he.TARGET):
+        for p in (*he.ONLINE, other, he.TARGET):
             co2 = float(g.loc[p, "total_co2_kg"])
             share = bound.share_of_possible_saving(sa, co2, b) if np.isfinite(b) else np.nan
             rows.append(dict(zip(he.SETTING, st, strict=True)) | {
                 "policy": p, "co2_kg": co2, "bound_kg": b, "session_affinity_kg": sa,
                 "share_of_possible_saving": share, "held_out": he.held_out(
-                    dict(zip(he.SETTING, st, strict=True)))})
+                    dict(zip(he.SETTING, st, strict=True)), designed_on)})
     return pd.DataFrame(rows)
 
 
