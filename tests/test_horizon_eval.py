@@ -638,18 +638,17 @@ def _slot_credit_module():
     return module
 
 
-@pytest.mark.parametrize("grid", ["full", "fresh"])
-def test_the_committed_slot_credit_tables_follow_from_their_runs(grid):
-    # docs/evidence/horizon_slot_credit_{grid}_*.csv (docs/evidence/slot_credit.py): the router
-    # without the slot credit is the target; its online policies and the default router (the
-    # credit on) are the committed grid's runs to the last digit (the variant's code leaves the
-    # default's decisions unchanged); the verdicts follow from the table, the shares from the
-    # committed bounds; the README states what the tables say.
-    sc = _slot_credit_module()
-    t, v = _committed_grid(f"horizon_slot_credit_{grid}", grid)
-    b = pd.read_csv(EVIDENCE / f"horizon_slot_credit_{grid}_bound.csv")
+def _variant_grid(name: str, grid: str, default_label: str
+                  ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """A committed variant grid of an evidence script (``<name>_{table,verdicts,bound}.csv``,
+    the variant as the target and the default router as ``default_label``): the online
+    policies and the default router are the committed grid's runs to the last digit (the
+    variant's code leaves the default's decisions unchanged), the verdicts follow from the
+    table, the shares from the committed bounds. Returns the table, verdicts and shares."""
+    t, v = _committed_grid(name, grid)
+    b = pd.read_csv(EVIDENCE / f"{name}_bound.csv")
     committed = pd.read_csv(EVIDENCE / f"horizon_{grid}_table.csv")
-    mine = t[t["policy"] != he.TARGET].replace({"policy": {sc.CREDIT: he.TARGET}})
+    mine = t[t["policy"] != he.TARGET].replace({"policy": {default_label: he.TARGET}})
     key = [*he.SETTING, "policy", "total_co2_kg", "p95_ttft_s"]
     m = mine[key].merge(committed[key], on=[*he.SETTING, "policy"])
     assert len(m) == len(mine) == 32 * (len(he.ONLINE) + 1)
@@ -662,6 +661,18 @@ def test_the_committed_slot_credit_tables_follow_from_their_runs(grid):
     sa = shares["session_affinity_kg"]
     assert shares["share_of_possible_saving"].to_numpy() == pytest.approx(
         ((sa - shares["co2_kg"]) / (sa - shares["bound_kg_x"])).to_numpy(), rel=1e-12)
+    return t, v, b
+
+
+@pytest.mark.parametrize("grid", ["full", "fresh"])
+def test_the_committed_slot_credit_tables_follow_from_their_runs(grid):
+    # docs/evidence/horizon_slot_credit_{grid}_*.csv (docs/evidence/slot_credit.py): the router
+    # without the slot credit is the target; its online policies and the default router (the
+    # credit on) are the committed grid's runs to the last digit (the variant's code leaves the
+    # default's decisions unchanged); the verdicts follow from the table, the shares from the
+    # committed bounds; the README states what the tables say.
+    sc = _slot_credit_module()
+    t, v, b = _variant_grid(f"horizon_slot_credit_{grid}", grid, sc.CREDIT)
     # what the README says of the variant
     readme = _readme_text()
     ttft_ok = int((v["p95_ttft_s"] <= v["p95_ttft_carbonrouter_s"]).sum())
@@ -711,3 +722,55 @@ def test_the_readme_states_how_the_slot_credit_moves_ttft_and_carbon():
     assert f"up to {max(more):.1f}% more on ShareGPT" in readme
     assert (f"70% in {reach[he.TARGET]} of the 64 settings against {reach[sc.CREDIT]}"
             in readme)
+
+
+def _ttft_slo_spans(grid: str) -> dict[str, str]:
+    """The numbers the README states of the TTFT price in ``grid``
+    (docs/evidence/horizon_ttft_slo_{grid}_*.csv)."""
+    t = pd.read_csv(EVIDENCE / f"horizon_ttft_slo_{grid}_table.csv")
+    v = pd.read_csv(EVIDENCE / f"horizon_ttft_slo_{grid}_verdicts.csv")
+    ample = (v["dataset"] == "sharegpt") & (v["memory"] == "paper x10")
+    ratio = v.loc[ample, "p95_ttft_s"] / v.loc[ample, "p95_ttft_carbonrouter_s"]
+    lead = v.loc[ample, "saving_vs_best_pct"]
+    own = t[t["policy"] == he.NO_TTFT_SLO]
+    binds = (own["dataset"] == "sharegpt") & (own["memory"] == "paper x10")
+    more = -own.loc[binds, "saving_pct"]
+    rest = -own.loc[~binds, "saving_pct"]
+    counts = v["lowest_co2"].value_counts()
+    return {"ttft": f"{int((v['p95_ttft_s'] <= v['p95_ttft_carbonrouter_s']).sum())}",
+            "holds": f"{counts.get('holds', 0)}", "ties": f"{counts.get('tie', 0)}",
+            "fails": f"{counts.get('fails', 0)}",
+            "ratio": f"{ratio.min():.2f}–{ratio.max():.2f}",
+            "lead": f"{lead.min():.1f}–{lead.max():.1f}%",
+            "more": f"{more.min():.1f}–{more.max():.1f}%",
+            "rest": f"{rest.max():.1f}% more to {-rest.min():.1f}% less"}
+
+
+@pytest.mark.parametrize("grid", ["full", "fresh"])
+def test_the_committed_ttft_slo_tables_follow_from_their_runs(grid):
+    # docs/evidence/horizon_ttft_slo_{grid}_*.csv (docs/evidence/ttft_slo.py): the router with
+    # the TTFT price is the target; the online policies and the router without it are the
+    # committed grid's runs to the last digit (the price's code leaves the default's decisions
+    # unchanged); the SLO each setting was given is CarbonRouter's P95 there; the verdicts
+    # follow from the table, the shares from the committed bounds; the README states it.
+    t, v, b = _variant_grid(f"horizon_ttft_slo_{grid}", grid, he.NO_TTFT_SLO)
+    looked_at = {tuple(d[k] for k in he.SETTING) for d in he.TTFT_SLO_DESIGNED_ON}
+    for frame in (t, b):
+        seen = frame.loc[~frame["held_out"], list(he.SETTING)].drop_duplicates()
+        assert set(seen.itertuples(index=False, name=None)) == (
+            looked_at if grid == "full" else set())
+    s = _ttft_slo_spans(grid)
+    name = {"full": "the full grid", "fresh": "the fresh weeks"}[grid]
+    readme = _readme_text()
+    assert (f"at most CarbonRouter's in {s['ttft']} of 32 settings of {name} (lowest CO2 in "
+            f"{s['holds']}, ties in {s['ties']}, loses in {s['fails']}") in readme
+    assert (f"{name}: P95 TTFT {s['ratio']}× CarbonRouter's with ample memory on ShareGPT, "
+            f"{s['lead']} below the best other policy there") in readme
+    assert (f"{name}: {s['more']} more with ample memory on ShareGPT, {s['rest']} "
+            f"elsewhere") in readme
+    med = b.pivot_table(index=list(he.SETTING), columns="policy",
+                        values="share_of_possible_saving")
+    assert (f"median {100 * med[he.TARGET].median():.0f}% against "
+            f"{100 * med[he.NO_TTFT_SLO].median():.0f}% in {name}, ≥ 70% in "
+            f"{int((med[he.TARGET] >= 0.7).sum())} against "
+            f"{int((med[he.NO_TTFT_SLO] >= 0.7).sum())}") in readme
