@@ -39,7 +39,7 @@ __all__ = ["TARGET", "ONLINE", "REFERENCE", "FORMER", "VARIANTS", "NOISE", "TUNE
            "WINDOWS", "DESIGNED_ON", "SETTING", "GRIDS", "SCALE_GRIDS", "SCALE_BY", "setting",
            "grid", "grid_settings", "scale_grid", "table", "scale_table", "verdicts",
            "variants_table", "bound_shares", "first_turn_split", "held_out", "with_ttft_slo",
-           "ttft_slo_table", "TTFT_SLO_FROM", "NO_TTFT_SLO", "TTFT_SLO_DESIGNED_ON"]
+           "TTFT_SLO_FROM", "NO_TTFT_SLO", "TTFT_SLO_DESIGNED_ON"]
 
 #: The router evaluated (registry name; its defaults).
 TARGET = "carbonrouter-horizon"
@@ -85,9 +85,8 @@ TUNED: dict[str, str] = {"dataset": "sharegpt", "region_set": "paper", "memory":
 #: fallback exit and the option to move (2026-12-05) were designed against. Every other
 #: setting, and every fresh week (:data:`FRESH_WEEKS`), is held-out.
 DESIGNED_ON: tuple[dict[str, str], ...] = (TUNED, {**TUNED, "memory": "paper x10"})
-#: The label of the router with the TTFT price (``ttft_slo_s``: an SLO per setting, docs/model.md
-#: §11.4b) in :func:`with_ttft_slo`'s runs, where it is the target and the router without it
-#: is :data:`NO_TTFT_SLO`.
+#: The policy whose P95 TTFT is the SLO of the router with the TTFT price (``ttft_slo_s``,
+#: docs/model.md §11.4b) in each setting of :func:`with_ttft_slo`'s runs.
 TTFT_SLO_FROM = "carbonrouter"
 #: The router without the TTFT price (its defaults) in :func:`with_ttft_slo`'s runs.
 NO_TTFT_SLO = "carbonrouter-horizon (no TTFT price)"
@@ -236,12 +235,15 @@ def scale_table(results: Mapping[str, Any], runs: pd.DataFrame, n_boot: int = 20
 
 
 def table(results: Mapping[str, Any], runs: pd.DataFrame, n_boot: int = 2000,
-          seed: int = 0) -> pd.DataFrame:
+          seed: int = 0,
+          designed_on: Sequence[Mapping[str, str]] = DESIGNED_ON) -> pd.DataFrame:
     """Table 1's quantities of every run (:func:`carbonrouter_lib.scale.scale_table` with the
     horizon router as the target: ``saving_pct`` and its CI are *its* saving over the row's
-    policy or variant), plus ``held_out`` (False in the settings of :data:`DESIGNED_ON`)."""
+    policy or variant), plus ``held_out`` (False in the settings of ``designed_on``: default
+    :data:`DESIGNED_ON`; :data:`TTFT_SLO_DESIGNED_ON` for :func:`with_ttft_slo`'s runs)."""
     t = scale.scale_table(results, runs, target=TARGET, n_boot=n_boot, seed=seed, by=SETTING)
-    return t.assign(held_out=[held_out(st) for st in t[list(SETTING)].to_dict("records")])
+    return t.assign(held_out=[held_out(st, designed_on)
+                              for st in t[list(SETTING)].to_dict("records")])
 
 
 def held_out(st: Mapping[str, str],
@@ -273,15 +275,6 @@ def with_ttft_slo(runs: pd.DataFrame, t: pd.DataFrame,
     keep = runs["policy"].isin([*ONLINE, *REFERENCE])
     return pd.concat([runs[keep], target.assign(policy=NO_TTFT_SLO), variant],
                      ignore_index=True)
-
-
-def ttft_slo_table(results: Mapping[str, Any], runs: pd.DataFrame, n_boot: int = 2000,
-                   seed: int = 0) -> pd.DataFrame:
-    """:func:`table` of :func:`with_ttft_slo`'s runs (the router with the TTFT price as the
-    target), ``held_out`` against :data:`TTFT_SLO_DESIGNED_ON`."""
-    t = table(results, runs, n_boot=n_boot, seed=seed)
-    return t.assign(held_out=[held_out(st, TTFT_SLO_DESIGNED_ON)
-                              for st in t[list(SETTING)].to_dict("records")])
 
 
 def verdicts(t: pd.DataFrame, by: Sequence[str] = SETTING) -> pd.DataFrame:

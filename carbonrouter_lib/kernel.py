@@ -589,12 +589,11 @@ def residence_turns(surv, rho):
 
 
 @njit(**_LEAF)
-def ttft_prices(price, slo, nu, carbon, mask, cached, new_m, hist_m, model, v_pre):
+def ttft_prices(price, slo, nu, carbon, mask, ttft):
     """The horizon router's TTFT price (:mod:`carbonrouter_lib.policies.horizon`), gCO2e per
-    deployment, written to ``price`` (n,) for the candidates (``mask``): ν·min Ĉ over the
-    candidates (``carbon``) where the candidate's TTFT, Eq. 6's (N_new + N_hist − L(a)) / v_pre,
-    exceeds the SLO ``slo`` (s), else 0. ``new_m``, ``hist_m``: this query's tokens per model;
-    ``cached``: L(a) per deployment."""
+    deployment, written to ``price`` (n,) for the candidates (``mask``; the others keep what
+    they had): ν·min Ĉ over the candidates (``carbon``) where the candidate's TTFT (``ttft``,
+    Eq. 6, s; :attr:`Candidates.ttft`) exceeds the SLO ``slo`` (s), else 0."""
     lo = math.inf
     for b in range(len(mask)):
         if mask[b] and carbon[b] < lo:
@@ -602,9 +601,19 @@ def ttft_prices(price, slo, nu, carbon, mask, cached, new_m, hist_m, model, v_pr
     c = nu * lo
     for b in range(len(mask)):
         if mask[b]:
-            m = model[b]
-            slow = (new_m[m] + hist_m[m] - cached[b]) / v_pre[b] > slo
-            price[b] = c if slow and c > 0.0 else 0.0
+            price[b] = c if ttft[b] > slo else 0.0
+
+
+@njit(**_LEAF)
+def _ttfts(out, nd, at, new_f, hist_f, model, hit_a, hit_miss, n_hits, v_pre):
+    """:attr:`Candidates.ttft` of row ``at`` // n_models: Eq. 6 per deployment, (N_new + miss)
+    / v_pre with miss = N_hist, or N_hist − L(a) on a hit, s."""
+    for b in range(nd):
+        m = model[b]
+        out[b] = (new_f[at + m] + hist_f[at + m]) / v_pre[b]
+    for j in range(n_hits):
+        b = hit_a[j]
+        out[b] = (new_f[at + model[b]] + hit_miss[j]) / v_pre[b]
 
 
 @njit(**_LEAF, inline="always")
@@ -999,6 +1008,7 @@ def _replay(
     # the TTFT price (HorizonRouter.ttft_slo_s): its multiplier ν and prices
     h_nu = 0.0
     h_tprice = np.zeros(nd)
+    h_ttft = np.zeros(nd)
     cur_row = -1
     prev_served = np.full(n_sessions, -1, np.int64)
     served_on = np.full(n, -1, np.int32)
@@ -1184,9 +1194,10 @@ def _replay(
                             h_tau[fo] * (0.5 + (residence_turns(h_survival[fo, kk, :h_j], rho_now)
                                                 if h_slot_res else h_surv_sum[fo, kk])),
                             h_slot_credit)
-            if h_tg_slo > 0.0:
-                ttft_prices(h_tprice, h_tg_slo, h_nu, value, mask, cached, new_f[at:at + n_m],
-                            hist_f[at:at + n_m], model, v_pre)
+            priced = h_tg_slo > 0.0 and h_nu > 0.0  # ν = 0: the price is 0 everywhere
+            if priced:
+                _ttfts(h_ttft, nd, at, new_f, hist_f, model, hit_a, hit_miss, n_hits, v_pre)
+                ttft_prices(h_tprice, h_tg_slo, h_nu, value, mask, h_ttft)
             # the candidates' totals, summed one by one: a loop over every deployment would
             # read Ĉ, the future and the price back in vectors right after they were written
             # one by one, and wait for the stores to land
@@ -1196,7 +1207,7 @@ def _replay(
                     v = value[b] + future[b]
                     if h_slot:
                         v = v + h_price[b]
-                    if h_tg_slo > 0.0:
+                    if priced:
                         v = v + h_tprice[b]
                     if v < lo:
                         lo, a = v, b

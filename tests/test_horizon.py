@@ -552,12 +552,16 @@ def test_the_ttft_price_by_hand():
     cached = np.array([900.0, 0.0, 0.0, 0.0])  # TTFT: 0.1, 0.5, 2.0, 0.5 s
     carbon = np.array([3.0, 2.0, 1.0, 5.0])
     mask = np.array([True, True, False, True])  # the least candidate Ĉ is 2.0 (not 1.0)
+    ttft = np.empty(4)  # Candidates.ttft, as the compiled loop computes it (no hit but a's)
+    kernel._ttfts(ttft, 4, 0, new_m, hist_m, model, np.array([0]),
+                  np.array([hist_m[0] - cached[0]]), 1, v_pre)
+    np.testing.assert_allclose(ttft, [0.1, 0.5, 2.0, 0.5])
     price = np.full(4, -7.0)
-    kernel.ttft_prices(price, 0.4, 1.5, carbon, mask, cached, new_m, hist_m, model, v_pre)
+    kernel.ttft_prices(price, 0.4, 1.5, carbon, mask, ttft)
     np.testing.assert_array_equal(price, [0.0, 3.0, -7.0, 3.0])  # non-candidates untouched
-    kernel.ttft_prices(price, 0.5, 1.5, carbon, mask, cached, new_m, hist_m, model, v_pre)
+    kernel.ttft_prices(price, 0.5, 1.5, carbon, mask, ttft)
     np.testing.assert_array_equal(price, [0.0, 0.0, -7.0, 0.0])  # not above the SLO
-    kernel.ttft_prices(price, 0.4, 0.0, carbon, mask, cached, new_m, hist_m, model, v_pre)
+    kernel.ttft_prices(price, 0.4, 0.0, carbon, mask, ttft)
     np.testing.assert_array_equal(price, [0.0, 0.0, -7.0, 0.0])  # ν = 0: no price
     assert kernel.ttft_dual(1.0, 0.6, 0.5, 0.05, 0.1) == pytest.approx(1.0 + 0.1 * 0.95)
     assert kernel.ttft_dual(1.0, 0.5, 0.5, 0.05, 0.1) == pytest.approx(1.0 - 0.1 * 0.05)

@@ -523,10 +523,11 @@ class HorizonRouter(Policy):
         total = cand.carbon + st.future
         if self.slot_price:
             total += self._slot_prices(ctx, cand, st, f, k, float(rho))
-        if self.ttft_slo_s is not None:
+        if self.ttft_slo_s is not None and st.nu > 0.0:  # ν = 0: the price is 0 everywhere
+            # (argmin reads the candidates only, whose prices this writes)
             kernel.ttft_prices(st.ttft_price, self.ttft_slo_s, st.nu, cand.carbon, cand.mask,
-                               ctx.cached, ctx.n_new_m, ctx.n_hist_m, st.model, st.v_pre)
-            total += np.where(cand.mask, st.ttft_price, 0.0)
+                               cand.ttft)
+            total += st.ttft_price
         return cand.argmin(total)
 
     def _observe(self, ctx: QueryContext) -> _RunState:

@@ -95,13 +95,19 @@ def main(grid: str) -> None:
     settings = he.grid_settings(grid)[0]
     runs = runs_without_credit(settings)
     results = sweep.run_sweep(list(runs["spec"]))
-    t = he.table(results, runs)
+    write_variant_grid(he.table(results, runs), "slot_credit", grid)
+
+
+def write_variant_grid(t: pd.DataFrame, name: str, grid: str, other: str = CREDIT,
+                       designed_on=he.DESIGNED_ON) -> None:
+    """Save a variant's grid (table ``t``, the variant as the target and the default router as
+    ``other``) as ``horizon_{name}_{grid}_{table,verdicts,bound}.csv`` here, with the verdicts
+    and the shares of the committed bound, and print them."""
     v = he.verdicts(t)
     path = HERE / f"horizon_{grid}_bound.csv"
-    shares = bound_shares(t, pd.read_csv(path) if path.exists() else None)
-    save_table(t, f"horizon_slot_credit_{grid}_table", HERE, parquet=False)
-    save_table(v, f"horizon_slot_credit_{grid}_verdicts", HERE, parquet=False)
-    save_table(shares, f"horizon_slot_credit_{grid}_bound", HERE, parquet=False)
+    shares = bound_shares(t, pd.read_csv(path) if path.exists() else None, other, designed_on)
+    for part, frame in (("table", t), ("verdicts", v), ("bound", shares)):
+        save_table(frame, f"horizon_{name}_{grid}_{part}", HERE, parquet=False)
     print(v.round(3).to_string())
     print(shares.pivot_table(index=list(he.SETTING), columns="policy", sort=False,
                              values="share_of_possible_saving").round(3).to_string())

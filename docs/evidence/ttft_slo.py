@@ -41,16 +41,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 from carbonrouter_lib import horizon_eval as he
 from carbonrouter_lib import sweep
-from carbonrouter_lib.outputs import save_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slot_credit import bound_shares  # noqa: E402  (the same shares, another label)
-
-HERE = Path(__file__).resolve().parent
+from slot_credit import write_variant_grid  # noqa: E402  (the same tables, another label)
 
 
 def main(grid_name: str) -> None:
@@ -61,17 +56,8 @@ def main(grid_name: str) -> None:
     results = sweep.run_sweep(list(first["spec"]))
     runs = he.with_ttft_slo(first, he.table(results, first, n_boot=10))
     results = sweep.run_sweep(list(runs["spec"]))
-    t = he.ttft_slo_table(results, runs)
-    v = he.verdicts(t)
-    path = HERE / f"horizon_{grid_name}_bound.csv"
-    shares = bound_shares(t, pd.read_csv(path) if path.exists() else None, other=he.NO_TTFT_SLO,
-                          designed_on=he.TTFT_SLO_DESIGNED_ON)
-    save_table(t, f"horizon_ttft_slo_{grid_name}_table", HERE, parquet=False)
-    save_table(v, f"horizon_ttft_slo_{grid_name}_verdicts", HERE, parquet=False)
-    save_table(shares, f"horizon_ttft_slo_{grid_name}_bound", HERE, parquet=False)
-    print(v.round(3).to_string())
-    print(shares.pivot_table(index=list(he.SETTING), columns="policy", sort=False,
-                             values="share_of_possible_saving").round(3).to_string())
+    write_variant_grid(he.table(results, runs, designed_on=he.TTFT_SLO_DESIGNED_ON), "ttft_slo",
+                       grid_name, he.NO_TTFT_SLO, he.TTFT_SLO_DESIGNED_ON)
 
 
 if __name__ == "__main__":
