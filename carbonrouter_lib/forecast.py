@@ -13,6 +13,11 @@ each behind :class:`Forecaster` (``predict(row, leads) -> (n_regions, len(leads)
   over the ``fit_days`` days before the current day (refitted each day from the forecasts whose
   targets are already known; persistence until a day of history exists).
 
+One more is not a forecast: :class:`Clairvoyant` reads the signal *after* ``now`` — the value
+that will be in force at each lead (:data:`REFERENCE_FORECASTERS`). It is for references only:
+how much of the clairvoyant bound's possible saving a router would reach if it knew the future
+intensities (docs/evidence/told.py); no online policy may use it.
+
 Forecasts are made on the signal's grid (5-minute steps, values held over a step): the time
 ``now`` enters as its grid row and a lead as a whole number of steps, so a forecaster can be
 cached per row. :func:`forecast_errors` measures a forecaster's error by lead on a span of the
@@ -30,8 +35,8 @@ import pandas as pd
 
 from carbonrouter_lib.carbon import CarbonSignal
 
-__all__ = ["FORECASTERS", "Forecaster", "Persistence", "SameHourYesterday", "Blend",
-           "make_forecaster", "forecast_errors"]
+__all__ = ["FORECASTERS", "REFERENCE_FORECASTERS", "Forecaster", "Persistence",
+           "SameHourYesterday", "Blend", "Clairvoyant", "make_forecaster", "forecast_errors"]
 
 _DAY_S = 86_400.0
 
@@ -189,6 +194,21 @@ class Blend(Forecaster):
         return now + w * (yday - now)
 
 
+class Clairvoyant(Forecaster):
+    """I(now + ℓ) as it will be: the signal at row + ℓ (the last row beyond the signal's end).
+    Not a forecast — it reads the future — so only for references (the module docstring)."""
+
+    name = "clairvoyant"
+
+    def predict(self, row: int, leads: np.ndarray) -> np.ndarray:
+        return self.predict_rows(np.array([row]), leads)[0]
+
+    def predict_rows(self, rows: np.ndarray, leads: np.ndarray) -> np.ndarray:
+        at = np.minimum(np.asarray(rows, np.int64)[:, None] + np.asarray(leads, np.int64)[None],
+                        len(self._values) - 1)
+        return self._values[at].transpose(0, 2, 1)
+
+
 def _yesterday_values(fc: Forecaster, rows: np.ndarray, leads: np.ndarray) -> np.ndarray:
     """Values (len(rows), n_regions, len(leads)) at the same time of day on the latest day
     known at each row (:meth:`Forecaster._yesterday_rows`, which never reads after the row)."""
@@ -205,14 +225,18 @@ _BLEND_FITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 #: Forecaster names (:func:`make_forecaster`).
 FORECASTERS: tuple[str, ...] = ("persistence", "same-hour-yesterday", "blend")
+#: Forecasters that read the future (:class:`Clairvoyant`): references, never an online policy's.
+REFERENCE_FORECASTERS: tuple[str, ...] = ("clairvoyant",)
 
 
 def make_forecaster(name: str, signal: CarbonSignal) -> Forecaster:
-    """The forecaster ``name`` (:data:`FORECASTERS`) on ``signal``."""
+    """The forecaster ``name`` (:data:`FORECASTERS`, or :data:`REFERENCE_FORECASTERS` for a
+    reference) on ``signal``."""
     kinds = {"persistence": Persistence, "same-hour-yesterday": SameHourYesterday,
-             "blend": Blend}
+             "blend": Blend, "clairvoyant": Clairvoyant}
     if name not in kinds:
-        raise KeyError(f"unknown forecaster {name!r}; one of {FORECASTERS}")
+        raise KeyError(f"unknown forecaster {name!r}; one of "
+                       f"{FORECASTERS + REFERENCE_FORECASTERS}")
     return kinds[name](signal)
 
 

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from carbonrouter_lib import bound, prepared, replays, scale
+from carbonrouter_lib.deployments import Deployments
 from carbonrouter_lib.replays import SEASONS
 from carbonrouter_lib.sweep import RunSpec
 
@@ -39,7 +40,8 @@ __all__ = ["TARGET", "ONLINE", "REFERENCE", "FORMER", "VARIANTS", "NOISE", "TUNE
            "WINDOWS", "DESIGNED_ON", "SETTING", "GRIDS", "SCALE_GRIDS", "SCALE_BY", "setting",
            "grid", "grid_settings", "scale_grid", "table", "scale_table", "verdicts",
            "variants_table", "bound_shares", "first_turn_split", "held_out", "with_ttft_slo",
-           "TTFT_SLO_FROM", "NO_TTFT_SLO", "TTFT_SLO_DESIGNED_ON"]
+           "TTFT_SLO_FROM", "NO_TTFT_SLO", "TTFT_SLO_DESIGNED_ON", "TOLD", "GAP_PARTS",
+           "gap_to_bound"]
 
 #: The router evaluated (registry name; its defaults).
 TARGET = "carbonrouter-horizon"
@@ -67,6 +69,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "w/o option to move": {"option": False},
     "w/o fallback exit (cheapest other model)": {"exit": "cheapest"},
     "the former router (neither)": FORMER,
+}
+#: References told the future (not online policies; docs/evidence/told.py): label → HorizonRouter
+#: parameters. How much of the bound's possible saving is the information the router lacks.
+TOLD: dict[str, dict[str, Any]] = {
+    "told the intensities": {"forecast": "clairvoyant"},
+    "told the session length": {"session_length": "told"},
+    "told both": {"forecast": "clairvoyant", "session_length": "told"},
 }
 #: Forecast-error sensitivity: σ of the log-normal error on every forecast value.
 NOISE: tuple[float, ...] = (0.1, 0.3, 0.6)
@@ -380,6 +389,76 @@ def variants_table(t: pd.DataFrame) -> pd.DataFrame:
     cols = [*SETTING, "held_out", "policy", "co2_rel", "saving_pct", "ci_low_pct", "ci_high_pct",
             "p95_ttft_s", "kv_hit_rate_tokens", "switches_per_session"]
     return sub[keep][cols].reset_index(drop=True)
+
+
+#: :func:`gap_to_bound`'s parts of a run's carbon above the bound.
+GAP_PARTS: tuple[str, ...] = ("energy, the bound's model and GPU", "energy, another GPU",
+                               "energy, another model", "intensity")
+
+
+def gap_to_bound(records: pd.DataFrame, paths: pd.DataFrame, deployments: Deployments,
+                 reference: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Where a run's carbon above the clairvoyant bound goes, query by query.
+
+    ``records``: the run's records; ``paths``: the bound's per-query paths
+    (:func:`carbonrouter_lib.bound.clairvoyant_bound`); ``deployments``: the setting's (both
+    number deployments alike); ``reference``: the records of a reference run (e.g.
+    Session-Affinity's). On the sessions the bound applies to (no query of either run rejected for
+    lack of capacity: :func:`carbonrouter_lib.bound.capacity_rejected_sessions`, left out and
+    counted), each query's excess c − c* (gCO2e) is split exactly as
+
+        c − c* = (E − E*)·I* + E·(I − I*)
+
+    with E, E* its energy (kWh) in the run and on the bound's path and I = c / E, I* = c* / E*
+    the intensities (gCO2e/kWh) they were charged (I* is the least over the dispatch times a
+    policy can produce: relaxation 3 of the bound). The energy term counts where the run used more
+    energy at the bound's intensity, by what the query ran on: the bound's model and GPU (the
+    energy of histories recomputed where the bound's were cached), the bound's model on another GPU
+    (recomputation and the GPU's efficiency), or another model (a bigger one; a smaller one is
+    negative); the intensity term where it ran in a dirtier region or hour. Split between the
+    sessions' first turns and their later turns. Columns: ``turns`` (``"first"``, ``"later"``),
+    ``part`` (:data:`GAP_PARTS`), ``gap_kg``, ``share_of_gap``, with ``reference`` also
+    ``share_of_possible_saving`` (the part over the reference's carbon minus the bound's on those
+    sessions: with the run's share of the possible saving, :func:`carbonrouter_lib.bound.
+    bound_comparison`'s, they sum to 1), and ``n_sessions_excluded``."""
+    from carbonrouter_lib import bound as bounds
+
+    model, gpu = np.asarray(deployments.model), np.asarray(deployments.gpu)
+    excluded = bounds.capacity_rejected_sessions(records, paths)
+    if reference is not None:
+        excluded = np.union1d(excluded, bounds.capacity_rejected_sessions(reference, paths))
+    m = records[["session", "turn", "deployment", "energy_kwh", "carbon_g"]].merge(
+        paths[["session", "turn", "deployment", "energy_kwh", "carbon_g"]],
+        on=["session", "turn"], suffixes=("", "_b"), validate="one_to_one")
+    m = m[~m["session"].isin(excluded)]
+    e, c = m["energy_kwh"].to_numpy(), m["carbon_g"].to_numpy()
+    e_b, c_b = m["energy_kwh_b"].to_numpy(), m["carbon_g_b"].to_numpy()
+    # (the bound charges a few reused caches a slightly negative energy, relaxation 5 on a
+    # history that shrank: its intensity is still c*/E*)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        i, i_b = np.where(e != 0, c / e, 0.0), np.where(e_b != 0, c_b / e_b, 0.0)
+    d, d_b = m["deployment"].to_numpy(), m["deployment_b"].to_numpy()
+    a, a_b = np.maximum(d, 0), np.maximum(d_b, 0)
+    same_model = (d >= 0) & (d_b >= 0) & (model[a] == model[a_b])
+    same_gpu = same_model & (gpu[a] == gpu[a_b])
+    energy = (e - e_b) * i_b
+    parts = {GAP_PARTS[0]: np.where(same_gpu, energy, 0.0),
+             GAP_PARTS[1]: np.where(same_model & ~same_gpu, energy, 0.0),
+             GAP_PARTS[2]: np.where(same_model, 0.0, energy), GAP_PARTS[3]: e * (i - i_b)}
+    first = m["turn"].to_numpy() == 0
+    gap = float((c - c_b).sum())
+    possible = None if reference is None else float(
+        reference.loc[~reference["session"].isin(excluded), "carbon_g"].sum() - c_b.sum())
+    rows = []
+    for turns, sel in (("first", first), ("later", ~first)):
+        for part, v in parts.items():
+            g = float(v[sel].sum())
+            row = {"turns": turns, "part": part, "gap_kg": g / 1e3,
+                   "share_of_gap": g / gap if gap else np.nan}
+            if possible is not None:
+                row["share_of_possible_saving"] = g / possible if possible > 0 else np.nan
+            rows.append(row | {"n_sessions_excluded": len(excluded)})
+    return pd.DataFrame(rows)
 
 
 def first_turn_split(records_by_policy: Mapping[str, pd.DataFrame]) -> pd.DataFrame:

@@ -907,8 +907,8 @@ def _replay(
     f_left, f_right, f_feature, f_threshold, f_default_left, f_tree_start, f_n_trees, f_depth,
     f_base, g_kind, l_row, l_g, l_b, l_z, l_sw, l_st, l_n,
     h_j, h_online, h_rho, h_smoothing, h_cache_survival, h_stickiness, h_release, h_survival,
-    h_new, h_out, h_stay, h_keep0, h_fc, h_row0, h_fold, h_slot, h_slot_s, h_surv_sum, h_tau,
-    h_slot_res, h_slot_credit, h_fallback, h_eligible, h_use_fallback, h_option, h_ref,
+    h_new, h_out, h_stay, h_keep0, h_fc, h_row0, h_fold, h_sfold, h_slot, h_slot_s, h_surv_sum,
+    h_tau, h_slot_res, h_slot_credit, h_fallback, h_eligible, h_use_fallback, h_option, h_ref,
     h_tg_slo, h_tg_share, h_tg_step,
     c_row, c_dep, c_disp, c_compl, c_cached, c_ttft, c_be, c_rej, c_switch, c_opp, c_block,
     counters, time_decisions, dec_cyc,
@@ -1171,6 +1171,7 @@ def _replay(
                     kp = kvp_of[prev]
                     h_keep[kp] = running_mean(h_keep[kp], cached[prev] / hb, h_smoothing)
             fo = h_fold[s]
+            sf = h_sfold[s]  # S_k(j)'s row: the fold's, or the told session length's
             kk = min(k, h_survival.shape[1] - 1)
             fr = cur_row - h_row0
             if fr < 0 or fr >= h_fc.shape[0]:
@@ -1180,7 +1181,7 @@ def _replay(
             if h_option:  # would this query's context fit in each KV pool without evicting?
                 observe_room(h_phi, kv_cap, used, post_m[h_ref], h_smoothing)
             rho_now = h_stayed if h_online else h_rho
-            horizon_future(future, miss_buf, h_work, h_survival[fo, kk, :h_j], rho_now,
+            horizon_future(future, miss_buf, h_work, h_survival[sf, kk, :h_j], rho_now,
                            h_fc[fr, fo], h_fc_lo[fr, fo], h_fc_arg[fr, fo], post_m, h_new[fo],
                            h_out[fo], h_stay[fo], e_in, e_cache, e_out, region, model, kvp_of,
                            h_keep, n_m, h_cache_survival, h_stickiness, h_fallback[fo],
@@ -1191,8 +1192,8 @@ def _replay(
                             ok_all.shape[1], avail, mask, pool, prev, t, h_slot_s,
                             h_tau[fo] * (0.5 + (residence_turns(h_survival[fo, 0, :h_j], rho_now)
                                                 if h_slot_res else h_surv_sum[fo, 0])),
-                            h_tau[fo] * (0.5 + (residence_turns(h_survival[fo, kk, :h_j], rho_now)
-                                                if h_slot_res else h_surv_sum[fo, kk])),
+                            h_tau[fo] * (0.5 + (residence_turns(h_survival[sf, kk, :h_j], rho_now)
+                                                if h_slot_res else h_surv_sum[sf, kk])),
                             h_slot_credit)
             priced = h_tg_slo > 0.0 and h_nu > 0.0  # ν = 0: the price is 0 everywhere
             if priced:
@@ -1491,8 +1492,8 @@ def rule(name: str, **params) -> dict:
                 h_stickiness=True, h_release=False, h_survival=np.zeros((1, 1, 1)),
                 h_new=np.zeros((1, 1)), h_out=np.zeros((1, 1)), h_stay=np.ones((1, 1)),
                 h_keep0=1.0, h_fc=np.zeros((1, 1, 1, 1)), h_row0=0,
-                h_fold=np.zeros(1, np.int64), h_slot=False, h_slot_s=0.01,
-                h_surv_sum=np.zeros((1, 1)), h_tau=np.zeros(1), h_slot_res=False,
+                h_fold=np.zeros(1, np.int64), h_sfold=np.zeros(1, np.int64), h_slot=False,
+                h_slot_s=0.01, h_surv_sum=np.zeros((1, 1)), h_tau=np.zeros(1), h_slot_res=False,
                 h_slot_credit=True, h_fallback=np.zeros((1, 1, 1)),
                 h_eligible=np.ones((1, 1), np.bool_), h_use_fallback=False, h_option=False,
                 h_ref=0, h_tg_slo=0.0, h_tg_share=0.05, h_tg_step=0.05)

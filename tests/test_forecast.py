@@ -118,3 +118,17 @@ def test_predict_rows_equals_predict_row_by_row(name):
         want = np.stack([fc.predict(int(r), leads) for r in rows])
         assert got.shape == (len(rows), 2, len(leads))
         np.testing.assert_array_equal(got, want)
+
+
+def test_the_clairvoyant_reference_reads_the_future():
+    # not a forecast (not in FORECASTERS): the value that will be in force at each lead, the
+    # last row's beyond the signal
+    assert "clairvoyant" not in forecast.FORECASTERS
+    v = np.arange(24 * 3, dtype=float)
+    c = forecast.make_forecaster("clairvoyant", hourly({"A": v, "B": 2 * v}))
+    assert c.name in forecast.REFERENCE_FORECASTERS
+    np.testing.assert_array_equal(c.predict(10, np.array([0, 1, 30, 100])),
+                                  [[10, 11, 40, 71], [20, 22, 80, 142]])
+    rows, leads = np.array([0, 5, 70]), np.array([2, 3])
+    np.testing.assert_array_equal(c.predict_rows(rows, leads),
+                                  np.stack([c.predict(int(r), leads) for r in rows]))

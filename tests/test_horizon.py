@@ -614,3 +614,61 @@ def test_the_ttft_price_is_validated_and_recorded():
     r = HorizonRouter(ttft_slo_s=0.25, ttft_share=0.04)
     assert r.params()["ttft_slo_s"] == 0.25 and r.params()["ttft_share"] == 0.04
     assert HorizonRouter(**r.params()).params() == r.params()
+
+
+def test_the_told_survival_is_the_session_length_by_hand():
+    from carbonrouter_lib.policies.horizon import survival_table
+
+    model = certain_model(horizon=3)
+    assert survival_table(model) is not None and survival_table(model).shape == (2, 40, 3)
+    model.turns = np.array([1, 3, 2])  # conversations 0, 1, 2
+    told = survival_table(model, told=True)
+    assert told.shape == (2 + 4, 40, 3)
+    np.testing.assert_array_equal(told[:2], model.survival)
+    # K = 3 turns (rows 2 + 3): from turn 0 turns 1 and 2 remain, from turn 1 turn 2, then none
+    np.testing.assert_array_equal(told[5, :4], [[1, 1, 0], [1, 0, 0], [0, 0, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(told[3, :2], [[0, 0, 0], [0, 0, 0]])  # K = 1: no later turn
+    router = HorizonRouter(horizon=3, session_length="told", model=model)
+    assert [router._survival_row(c, 1) for c in (0, 1, 2)] == [3, 5, 4]
+    assert HorizonRouter(horizon=3, model=model)._survival_row(1, 1) == 1
+
+
+def test_told_the_session_length_where_every_session_has_the_same_length():
+    # where every conversation has K turns the learned survival *is* 1{k + j < K}: the router
+    # told the session length decides exactly as the router; elsewhere it decides differently,
+    # and both loops agree on it
+    cfg = prepared.WorkloadConfig(dataset="sharegpt", max_conversations=400, seed=2)
+    table = prepared.prepare_workload(prepared.with_copies(cfg, 2), use_cache=False)
+    sim = setting.SimulationConfig(regions=("GB", "BE"))
+    same = table[table["n_turns"] == 3].reset_index(drop=True)
+    assert same["session"].nunique() > 30
+    model = fit_horizon_model(same, horizon=16, tell_turns=True)
+    a = simulator.simulate(same, HorizonRouter(model=model), sim).records
+    b = simulator.simulate(same, HorizonRouter(model=model, session_length="told"), sim).records
+    pd.testing.assert_frame_equal(a, b)
+    model = fit_horizon_model(table, horizon=16, tell_turns=True)
+    plain = simulator.simulate(table, HorizonRouter(model=model), sim).records
+    told = {engine: simulator.simulate(table, HorizonRouter(model=model, session_length="told"),
+                                       sim, engine=engine).records
+            for engine in ("python", "compiled")}
+    pd.testing.assert_frame_equal(told["python"], told["compiled"], check_exact=True)
+    assert not plain["deployment"].equals(told["python"]["deployment"])
+
+
+def test_the_told_references_are_validated_and_recorded():
+    for bad in ({"session_length": "oracle"}, {"session_length": "told", "horizon": 0},
+                {"forecast": "oracle"}):
+        with pytest.raises(ValueError):
+            HorizonRouter(**bad)
+    assert "session_length" not in HorizonRouter().params()
+    r = HorizonRouter(session_length="told", forecast="clairvoyant")
+    assert r.params()["session_length"] == "told" and r.params()["forecast"] == "clairvoyant"
+    assert HorizonRouter(**r.params()).params() == r.params()
+    with pytest.raises(ValueError, match="tell_turns"):
+        r.set_model(certain_model())
+    cfg = prepared.WorkloadConfig(dataset="sharegpt", max_conversations=60, seed=2)
+    table = prepared.prepare_workload(prepared.with_copies(cfg, 3), use_cache=False)
+    assert fit_horizon_model(table, horizon=4).turns is None
+    turns = fit_horizon_model(table, horizon=4, tell_turns=True).turns
+    conv = prepared.conversation_codes(table)
+    np.testing.assert_array_equal(turns[conv], table["n_turns"].to_numpy())

@@ -6,6 +6,7 @@ import importlib.util
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -196,6 +197,58 @@ def test_bound_shares_are_the_bound_comparison_of_the_records(tmp_path):
     assert (got["bound_kg"] < got["co2_kg"]).all()  # the bound is below every online policy
     with pytest.raises(KeyError, match="has no runs of"):
         he.bound_shares(results, runs[runs.policy != "gar"], peak="unscaled", max_conversations=40)
+
+
+def test_the_gap_to_the_bound_by_hand():
+    # session 0: turn 0 on the bound's model and GPU at twice the intensity; turn 1 on another
+    # model with 3x the energy at the same intensity; turn 2 on the bound's model on another GPU
+    # with 1.5x the energy. Session 1 was rejected for lack of capacity on its first turn (the
+    # bound serves it): left out and counted.
+    from types import SimpleNamespace
+
+    deps = SimpleNamespace(model=np.array([0, 1, 0, 0]), gpu=np.array([0, 0, 0, 1]))
+    rec = pd.DataFrame({"session": [0, 0, 0, 1], "turn": [0, 1, 2, 0],
+                        "deployment": [2, 1, 3, -1], "energy_kwh": [1.0, 3.0, 1.5, 0.0],
+                        "carbon_g": [200.0, 300.0, 150.0, 0.0],
+                        "rejected": [False, False, False, True]})
+    paths = pd.DataFrame({"session": [0, 0, 0, 1], "turn": [0, 1, 2, 0], "deployment": [0] * 4,
+                          "energy_kwh": [1.0] * 4, "carbon_g": [100.0] * 4})
+    ref = rec.assign(carbon_g=[300.0, 200.0, 450.0, 7.0], rejected=False)
+    g = he.gap_to_bound(rec, paths, deps, ref).set_index(["turns", "part"])
+    kg = g["gap_kg"] * 1e3
+    same, gpu, model, intensity = he.GAP_PARTS
+    # turn 0: (1 − 1)·100 energy + 1·(200 − 100) intensity; turn 1: (3 − 1)·100 another model;
+    # turn 2: (1.5 − 1)·100 another GPU
+    assert kg.to_dict() == pytest.approx({
+        ("first", same): 0.0, ("first", gpu): 0.0, ("first", model): 0.0,
+        ("first", intensity): 100.0, ("later", same): 0.0, ("later", gpu): 50.0,
+        ("later", model): 200.0, ("later", intensity): 0.0})
+    assert (g["n_sessions_excluded"] == 1).all()
+    assert g["share_of_gap"].sum() == pytest.approx(1.0)
+    # reference 950 g over a bound of 300 g: 650 g possible, of which the run's 650 g captures
+    # 300 g; the parts are the rest
+    assert g["share_of_possible_saving"].sum() == pytest.approx(1 - 300 / 650)
+
+
+def test_the_gap_to_the_bound_adds_up_to_the_share_of_a_replay(tmp_path):
+    """On a small replay the parts add up to the router's carbon above the bound, and with
+    Session-Affinity as the reference to 1 minus the router's share of the possible saving."""
+    from carbonrouter_lib import bound, sweep
+
+    st = dict(he.TUNED)
+    wcfg, scfg = he.setting(st, "unscaled", max_conversations=40)
+    records = sweep.run_named({p: sweep.RunSpec.make(wcfg, scfg, p)
+                               for p in ("session-affinity", he.TARGET)},
+                              cache_dir=tmp_path, serial=True, progress=False)
+    paths = bound.ensure_bound(wcfg, scfg)
+    cmp = bound.bound_comparison(records, paths).set_index("policy")
+    assert (cmp["n_sessions_excluded"] == 0).all()
+    g = he.gap_to_bound(records[he.TARGET], paths, scfg.deployments(), records["session-affinity"])
+    above = records[he.TARGET]["carbon_g"].sum() - paths["carbon_g"].sum()
+    assert 1e3 * g["gap_kg"].sum() == pytest.approx(above, rel=1e-9)
+    assert g["share_of_possible_saving"].sum() == pytest.approx(
+        1 - cmp.loc[he.TARGET, "share_of_possible_saving"], rel=1e-9)
+    assert (g.groupby("turns")["gap_kg"].sum().abs() > 0).all()
 
 
 def test_bound_shares_with_the_capacity_priced_bound(tmp_path):

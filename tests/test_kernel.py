@@ -87,6 +87,11 @@ def policies(gate: LearnedGate, table: pd.DataFrame, config: SimulationConfig):
     yield "horizon fallback exit, no option", HorizonRouter(option=False)
     yield "horizon option, cheapest exit, no survival", HorizonRouter(
         exit="cheapest", cache_survival=False, smoothing=0.3)
+    # references told the future (docs/evidence/told.py)
+    yield "horizon told the intensities and the session length", HorizonRouter(
+        forecast="clairvoyant", session_length="told")
+    yield "horizon told the session length, slot residence", HorizonRouter(
+        session_length="told", slot_residence=True, slot_smoothing=0.2)
 
 
 def assert_engines_agree(table, config, signal, backend, gate) -> dict:

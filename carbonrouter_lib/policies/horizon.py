@@ -100,6 +100,13 @@ alike on all of them: the price cannot move it, and where such queries exceed th
 rising and the router meets the SLO wherever a candidate can. It reads only TTFTs already
 served; both replay loops run it.
 
+*Told the future* (references, not online policies; docs/evidence/told.py). ``forecast=
+"clairvoyant"`` prices the future turns with the intensities that will be in force at d + j·τ
+(:class:`carbonrouter_lib.forecast.Clairvoyant`), and ``session_length="told"`` with the
+session's true number of turns K: S_k(j) = 1{k + j < K} in the future term and in the slot
+price's T_k (D̄ stays the training sessions' mean). They measure how much of the clairvoyant
+bound's possible saving is the information the router lacks; both replay loops run them.
+
 Units: gCO2e, kWh, tokens, seconds, gCO2e/kWh.
 """
 
@@ -117,12 +124,15 @@ from carbonrouter_lib.policies.base import Candidates, Policy, QueryContext
 from carbonrouter_lib.profiles import MODELS, REFERENCE_DEPLOYMENT
 
 __all__ = ["HorizonModel", "HorizonRouter", "fit_horizon_model", "forecast_error", "LEARNED",
-           "EXITS"]
+           "EXITS", "SESSION_LENGTHS", "survival_table"]
 
 #: ``model=LEARNED``: the horizon model is fitted on the replayed workload by the runner.
 LEARNED = "learned"
 #: Where model stickiness sends a session whose model turns infeasible (``HorizonRouter.exit``).
 EXITS: tuple[str, ...] = ("fallback", "cheapest")
+#: Where S_k(j) comes from (``HorizonRouter.session_length``): the training sessions, or the
+#: session's own number of turns (a reference that reads the future).
+SESSION_LENGTHS: tuple[str, ...] = ("learned", "told")
 
 
 @dataclass
@@ -158,6 +168,11 @@ class HorizonModel:
     eligible
         (folds, n_models) bool: the models feasible at some later turn (turn ≥ 1) of a training
         conversation, the ones a future move can go to. None: every model.
+    turns
+        (n_conversations,) int64: each conversation's number of turns, by conversation code
+        (:func:`carbonrouter_lib.prepared.conversation_codes`) — the future, read only by the
+        reference router told the session length (``session_length="told"``). None (every
+        fitted model unless ``fit_horizon_model(tell_turns=True)``).
     """
 
     folds: int
@@ -173,6 +188,7 @@ class HorizonModel:
     meta: dict = field(default_factory=dict)
     fallback: np.ndarray | None = None
     eligible: np.ndarray | None = None
+    turns: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n_m = self.new_tokens.shape[1]
@@ -196,12 +212,14 @@ class HorizonModel:
 
 def fit_horizon_model(table: pd.DataFrame, beta_q: float = DEFAULTS["beta_q"],
                       ttl_s: float = DEFAULTS["ttl_s"],
-                      horizon: int = 16, folds: int = 5, seed: int = 0) -> HorizonModel:
+                      horizon: int = 16, folds: int = 5, seed: int = 0,
+                      tell_turns: bool = False) -> HorizonModel:
     """Fit the :class:`HorizonModel` on a prepared workload: for each conversation fold f, the
     session-length survival, the mean tokens of later turns, the models' next-turn feasibility,
     the mean gap between turns and the share of think times within ``ttl_s`` — all from the
     conversations of the *other* folds (each conversation counted once, however many copies the
-    replay has of it)."""
+    replay has of it). ``tell_turns``: also record every conversation's number of turns
+    (:attr:`HorizonModel.turns`, for the reference told the session length only)."""
     from carbonrouter_lib import prepared
 
     if horizon < 0 or folds < 2:
@@ -262,11 +280,17 @@ def fit_horizon_model(table: pd.DataFrame, beta_q: float = DEFAULTS["beta_q"],
             if lost.any():
                 fallback[f, m] = np.bincount(dest[lost], minlength=n_m) / lost.sum()
         eligible[f] = feasible[later].any(axis=0) if later.any() else True
+    turns_of = None
+    if tell_turns:
+        turns_of = np.zeros(int(conv.max()) + 1, np.int64)
+        turns_of[conv] = n_turns
+        if np.any(turns_of[conv] != n_turns):  # copies of a conversation replay all its turns
+            raise ValueError("fit_horizon_model: copies of a conversation differ in n_turns")
     return HorizonModel(folds=folds, seed=seed, horizon=horizon, survival=surv,
                         new_tokens=new_mean, out_tokens=out_mean, stay_feasible=stay, gap_s=gap,
                         keep_prior=keep, beta_q=float(beta_q),
                         meta={"n_conversations": int(len(np.unique(conv))), "ttl_s": ttl_s},
-                        fallback=fallback, eligible=eligible)
+                        fallback=fallback, eligible=eligible, turns=turns_of)
 
 
 def _largest_fallback(n_m: int) -> np.ndarray:
@@ -340,6 +364,11 @@ class HorizonRouter(Policy):
         Price each future turn at the cheaper of committing to the candidate and moving to the
         least-carbon deployment of a model a later turn can need, the move weighted by the chance
         its KV pool has room (1 − φ; module docstring). Default True.
+    session_length : str
+        ``"learned"`` (default): S_k(j) from the training sessions. ``"told"``: the session's
+        true number of turns (a reference that reads the future, not an online policy; its model
+        must be fitted with ``tell_turns=True``, as :func:`carbonrouter_lib.build.build_policy`
+        does). ``forecast="clairvoyant"`` is the intensities' counterpart.
     """
 
     name = "carbonrouter-horizon"
@@ -352,14 +381,20 @@ class HorizonRouter(Policy):
                  slot_smoothing: float = 0.01, slot_residence: bool = False,
                  exit: str = "fallback", option: bool = True, slot_credit: bool = True,
                  ttft_slo_s: float | None = None, ttft_share: float = 0.05,
-                 ttft_step: float = 0.05) -> None:
-        from carbonrouter_lib.forecast import FORECASTERS
+                 ttft_step: float = 0.05, session_length: str = "learned") -> None:
+        from carbonrouter_lib.forecast import FORECASTERS, REFERENCE_FORECASTERS
 
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
             raise ValueError(f"HorizonRouter.horizon must be an integer ≥ 0, got {horizon!r}")
-        if forecast not in FORECASTERS:
-            raise ValueError(f"HorizonRouter.forecast must be one of {FORECASTERS}, "
-                             f"got {forecast!r}")
+        if forecast not in FORECASTERS + REFERENCE_FORECASTERS:
+            raise ValueError(f"HorizonRouter.forecast must be one of "
+                             f"{FORECASTERS + REFERENCE_FORECASTERS}, got {forecast!r}")
+        if session_length not in SESSION_LENGTHS:
+            raise ValueError(f"HorizonRouter.session_length must be one of {SESSION_LENGTHS}, "
+                             f"got {session_length!r}")
+        if session_length == "told" and horizon == 0:
+            raise ValueError("HorizonRouter.session_length='told' needs horizon ≥ 1")
+        self.session_length = session_length
         if slot_price is None:
             slot_price = horizon > 0
         if exit not in EXITS:
@@ -432,6 +467,9 @@ class HorizonRouter(Policy):
         if model.horizon < self.horizon:
             raise ValueError(f"the model prices {model.horizon} future turns, the router "
                              f"{self.horizon}")
+        if self.session_length == "told" and model.turns is None:
+            raise ValueError("HorizonRouter(session_length='told') needs a model fitted with "
+                             "fit_horizon_model(tell_turns=True)")
         self.model = model
         self._bound = None
 
@@ -454,6 +492,8 @@ class HorizonRouter(Policy):
         if self.ttft_slo_s is not None:
             p |= {"ttft_slo_s": self.ttft_slo_s, "ttft_share": self.ttft_share,
                   "ttft_step": self.ttft_step}
+        if self.session_length != "learned":
+            p |= {"session_length": self.session_length}
         return p | {"exit": self.exit, "option": self.option}
 
     # ---- per-run state ----------------------------------------------------------------------
@@ -488,7 +528,8 @@ class HorizonRouter(Policy):
         state.clock = np.array([0.0, math.nan])  # Λ (1/s), the last first turn's time (s)
         state.pi, state.price = np.zeros(d.n_pools), np.zeros(d.n)
         state.ttft_price, state.v_pre = np.zeros(d.n), np.asarray(d.v_pre, np.float64)
-        state.surv_sum = _survival_sums(model, self.horizon)
+        state.surv = survival_table(model, self.session_length == "told")
+        state.surv_sum = _survival_sums(state.surv, self.horizon)
         state.work = np.empty(kernel.horizon_work_size(len(d.regions), len(d.models), d.n,
                                                        self.horizon))
         # per KV pool: the chance a new cache there evicts another; 1 until seen otherwise, so
@@ -507,13 +548,14 @@ class HorizonRouter(Policy):
         st = self._observe(ctx)
         model = self.model
         f = st.fold(ctx.conversation, model)
+        sf = self._survival_row(ctx.conversation, f)
         k = min(ctx.turn, model.survival.shape[1] - 1)
         rho = st.stayed if self.continuation == "online" else self.continuation
         # (n_regions, J), and per turn the least intensity and its region
         fc, fc_lo, fc_arg = st.forecast_with_minima(ctx.time_s, model.gap_s[f], self.horizon, f)
         post = ctx.n_hist_m + ctx.n_new_m + ctx.n_out_est_m  # H_0 per model
         kernel.horizon_future(
-            st.future, st.miss, st.work, model.survival[f, k, :self.horizon], float(rho), fc,
+            st.future, st.miss, st.work, st.surv[sf, k, :self.horizon], float(rho), fc,
             fc_lo, fc_arg, post, model.new_tokens[f], model.out_tokens[f],
             model.stay_feasible[f], st.e_in, st.e_cache, st.e_out, st.region, st.model,
             st.kv_pool, st.keep,
@@ -522,7 +564,7 @@ class HorizonRouter(Policy):
             cand.mask, st.dom)
         total = cand.carbon + st.future
         if self.slot_price:
-            total += self._slot_prices(ctx, cand, st, f, k, float(rho))
+            total += self._slot_prices(ctx, cand, st, f, sf, k, float(rho))
         if self.ttft_slo_s is not None and st.nu > 0.0:  # ν = 0: the price is 0 everywhere
             # (argmin reads the candidates only, whose prices this writes)
             kernel.ttft_prices(st.ttft_price, self.ttft_slo_s, st.nu, cand.carbon, cand.mask,
@@ -553,17 +595,25 @@ class HorizonRouter(Policy):
                                 ctx.backend.pool_used_tokens(), float(need), self.smoothing)
         return st
 
+    def _survival_row(self, conversation: int, f: int) -> int:
+        """The row of :func:`survival_table` for a session of ``conversation`` in fold ``f``:
+        the fold's, or, told the session length, the folds' count plus its number of turns."""
+        if self.session_length == "told":
+            return self.model.folds + int(self.model.turns[conversation])
+        return f
+
     def _slot_prices(self, ctx: QueryContext, cand: Candidates, st: _RunState, f: int,
-                     k: int, rho: float) -> np.ndarray:
+                     sf: int, k: int, rho: float) -> np.ndarray:
         """π_{p(a)}·T_k per deployment (minus the held pool's π_b·T_k on a switch), gCO2e, after
         observing this query's displacement if it is a session's first turn
-        (:func:`carbonrouter_lib.kernel.slot_prices`)."""
+        (:func:`carbonrouter_lib.kernel.slot_prices`); D̄ from fold ``f``'s survival, T_k from
+        row ``sf`` of :func:`survival_table`."""
         tau = float(self.model.gap_s[f])
         if self.slot_residence:
-            surv = self.model.survival[f, :, :self.horizon]
-            ahead0, ahead = (kernel.residence_turns(surv[i], rho) for i in (0, k))
+            ahead0, ahead = (kernel.residence_turns(st.surv[i, kk, :self.horizon], rho)
+                             for i, kk in ((f, 0), (sf, k)))
         else:
-            ahead0, ahead = st.surv_sum[f, 0], st.surv_sum[f, k]
+            ahead0, ahead = st.surv_sum[f, 0], st.surv_sum[sf, k]
         kernel.slot_prices(st.price, st.pi, st.displaced, st.gap, st.clock, cand.carbon,
                            cand.ok_if_free, len(st.price), ctx.available, cand.mask, st.pool,
                            ctx.prev, ctx.time_s, self.slot_smoothing,
@@ -598,18 +648,21 @@ class HorizonRouter(Policy):
                     fc[i, f] *= forecast_error(self.forecast_noise, self.noise_seed, row, f,
                                                fc.shape[2:])
         online = self.continuation == "online"
+        folds = conversation_folds(info.conversations, model.folds, model.seed).astype(np.int64)
+        surv = survival_table(model, self.session_length == "told")
         return kernel.rule(
             self.name, h_j=self.horizon, h_online=online,
             h_rho=1.0 if online else float(self.continuation), h_smoothing=self.smoothing,
             h_cache_survival=self.cache_survival, h_stickiness=self.model_stickiness,
-            h_release=self.release, h_survival=np.ascontiguousarray(model.survival),
+            h_release=self.release, h_survival=surv,
             h_new=np.ascontiguousarray(model.new_tokens, np.float64),
             h_out=np.ascontiguousarray(model.out_tokens, np.float64),
             h_stay=np.ascontiguousarray(model.stay_feasible, np.float64),
             h_keep0=float(model.keep_prior.mean()), h_fc=fc, h_row0=int(row0),
-            h_fold=conversation_folds(info.conversations, model.folds, model.seed).astype(
-                np.int64), h_slot=self.slot_price, h_slot_s=self.slot_smoothing,
-            h_surv_sum=_survival_sums(model, self.horizon),
+            h_fold=folds, h_sfold=(model.folds + model.turns[info.conversations]).astype(
+                np.int64) if self.session_length == "told" else folds,
+            h_slot=self.slot_price, h_slot_s=self.slot_smoothing,
+            h_surv_sum=_survival_sums(surv, self.horizon),
             h_tau=np.ascontiguousarray(model.gap_s, np.float64), h_slot_res=self.slot_residence,
             h_slot_credit=self.slot_credit,
             h_fallback=model.fallback, h_eligible=model.eligible,
@@ -687,10 +740,24 @@ class _RunState:
         return got
 
 
-def _survival_sums(model: HorizonModel, horizon: int) -> np.ndarray:
-    """Σ_{j=1..J} S_k(j) per (fold, k): the expected number of the session's turns after turn
-    k (the slot price's remaining time, in gaps τ); one array for both replay loops."""
-    return np.ascontiguousarray(model.survival[:, :, :horizon].sum(axis=2), np.float64)
+def survival_table(model: HorizonModel, told: bool = False) -> np.ndarray:
+    """S_k(j) as both replay loops index it: (rows, K_max + 1, J), row f the fold's learned
+    survival; ``told``: followed by one row per number of turns K = 0 … max, S_k(j) = 1{k + j <
+    K} (the reference told the session length reads row ``folds + K``)."""
+    surv = np.ascontiguousarray(model.survival, np.float64)
+    if not told:
+        return surv
+    k = np.arange(surv.shape[1])[None, :, None]
+    j = np.arange(1, surv.shape[2] + 1)[None, None, :]
+    big_k = np.arange(int(model.turns.max()) + 1)[:, None, None]
+    return np.ascontiguousarray(np.concatenate([surv, (k + j < big_k).astype(np.float64)]))
+
+
+def _survival_sums(surv: np.ndarray, horizon: int) -> np.ndarray:
+    """Σ_{j=1..J} S_k(j) per row of :func:`survival_table` and k: the expected number of the
+    session's turns after turn k (the slot price's remaining time, in gaps τ); one array for
+    both replay loops."""
+    return np.ascontiguousarray(surv[:, :, :horizon].sum(axis=2), np.float64)
 
 
 def forecast_error(sigma: float, seed: int, row: int, fold: int,
