@@ -827,3 +827,101 @@ def test_the_committed_ttft_slo_tables_follow_from_their_runs(grid):
             f"{100 * med[he.NO_TTFT_SLO].median():.0f}% in {name}, ≥ 70% in "
             f"{int((med[he.TARGET] >= 0.7).sum())} against "
             f"{int((med[he.NO_TTFT_SLO] >= 0.7).sum())}") in readme
+
+
+def _told_spans(grid: str) -> dict[str, str]:
+    """The numbers the README states of the references told the future in ``grid``
+    (docs/evidence/horizon_told_{grid}_bound.csv and horizon_gap_{grid}.csv)."""
+    b = pd.read_csv(EVIDENCE / f"horizon_told_{grid}_bound.csv")
+    w = b.pivot_table(index=list(he.SETTING), columns="policy",
+                      values="share_of_possible_saving")
+    moon = w.index.get_level_values("dataset") == "mooncake"
+    ample = w.index.get_level_values("memory") == "paper x10"
+
+    def pts(p, sel=slice(None)):
+        d = 100 * (w[p] - w[he.TARGET])[sel]
+        return f"{d.min():+.1f} to {d.max():+.1f} points"
+
+    def pct(p, sel):
+        return f"{100 * w[p][sel].min():.0f}–{100 * w[p][sel].max():.0f}%"
+
+    t = pd.read_csv(EVIDENCE / f"horizon_told_{grid}_table.csv")
+    told_len = t[(t["policy"] == "told the session length") & (t["dataset"] == "mooncake")]
+    g = pd.read_csv(EVIDENCE / f"horizon_gap_{grid}.csv")
+    per = g.groupby([*he.SETTING, "turns"])["share_of_possible_saving"].sum().unstack("turns")
+
+    def tot(dataset, turns, memory=None):
+        x = per.xs(dataset, level="dataset")[turns]
+        if memory is not None:
+            x = x.xs(memory, level="memory")
+        return f"{100 * x.min():.0f}–{100 * x.max():.0f}"
+
+    both = "told both"
+    return {
+        "int": pts("told the intensities"),
+        "len_moon": pts("told the session length", moon),
+        "len_moon_at": pct("told the session length", moon),
+        "len_moon_co2": f"{-told_len['saving_pct'].max():.1f}–{-told_len['saving_pct'].min():.1f}%",
+        "len_moon_ci": str(bool((told_len["ci_high_pct"] < 0).all())),
+        "len_paper": pts("told the session length", ~moon & ~ample),
+        "len_ample": pts("told the session length", ~moon & ample),
+        "both_med": f"{100 * w[both].median():.0f}%",
+        "router_med": f"{100 * w[he.TARGET].median():.0f}%",
+        "both_70": f"{int((w[both] >= 0.7).sum())}",
+        "router_70": f"{int((w[he.TARGET] >= 0.7).sum())}",
+        "both_paper": pct(both, ~moon & ~ample), "both_ample": pct(both, ~moon & ample),
+        "gap_later_paper": tot("sharegpt", "later", "paper"),
+        "gap_later_ample": tot("sharegpt", "later", "paper x10"),
+        "gap_first_share": tot("sharegpt", "first"), "gap_first_moon": tot("mooncake", "first"),
+    }
+
+
+@pytest.mark.parametrize("grid", ["full", "fresh"])
+def test_the_committed_told_and_gap_tables_follow_from_their_runs(grid):
+    # docs/evidence/horizon_told_{grid}_*.csv and horizon_gap_{grid}.csv (told.py, gap.py): the
+    # router's runs are the committed grid's to the last digit; the shares follow from the
+    # committed bounds; the gap's parts and the router's share add up to 1 in every setting, a
+    # first turn (no cache) costs nothing on the bound's model and GPU; the README states it.
+    from carbonrouter_lib import bound
+
+    grid_t = pd.read_csv(EVIDENCE / f"horizon_{grid}_table.csv")
+    grid_b = pd.read_csv(EVIDENCE / f"horizon_{grid}_bound.csv")
+    t = pd.read_csv(EVIDENCE / f"horizon_told_{grid}_table.csv")
+    b = pd.read_csv(EVIDENCE / f"horizon_told_{grid}_bound.csv")
+    key = [*he.SETTING, "policy"]
+    mine = t.merge(grid_t, on=key, suffixes=("", "_grid"))
+    assert set(mine["policy"]) == {"session-affinity", he.TARGET}
+    assert len(mine) == 64 and (mine["total_co2_kg"] == mine["total_co2_kg_grid"]).all()
+    assert set(b["policy"]) == {he.TARGET, *he.TOLD} and len(b) == 4 * 32
+    kg = grid_b.groupby(list(he.SETTING))["bound_kg"].first()
+    for row in b.itertuples(index=False):
+        st = tuple(getattr(row, k) for k in he.SETTING)
+        assert row.bound_kg == kg[st]
+        assert row.share_of_possible_saving == pytest.approx(bound.share_of_possible_saving(
+            row.session_affinity_kg, row.co2_kg, row.bound_kg), rel=1e-12)
+    g = pd.read_csv(EVIDENCE / f"horizon_gap_{grid}.csv")
+    assert (g["n_sessions_excluded"] >= 0).all() and set(g["part"]) == set(he.GAP_PARTS)
+    first_same = g[(g["turns"] == "first") & (g["part"] == he.GAP_PARTS[0])]
+    assert len(first_same) == 32 and (first_same["gap_kg"].abs() < 1e-12).all()
+    router = grid_b[grid_b["policy"] == he.TARGET].set_index(list(he.SETTING))
+    parts = g.groupby(list(he.SETTING))["share_of_possible_saving"].sum()
+    clean = g.groupby(list(he.SETTING))["n_sessions_excluded"].first() == 0
+    # where no session was left out, the records' comparison is the totals' share
+    assert clean.sum() >= 28
+    np.testing.assert_allclose(
+        (parts + router.loc[parts.index, "share_of_possible_saving"])[clean], 1.0, rtol=1e-9)
+    s = _told_spans(grid)
+    readme = _readme_text()
+    name = {"full": "the full grid", "fresh": "the fresh weeks"}[grid]
+    assert s["len_moon_ci"] == "True"
+    assert (f"{name}: intensities {s['int']}; session length {s['len_moon']} on the Mooncake "
+            f"trace ({s['len_moon_co2']} less CO2, every CI below 0; {s['len_moon_at']} of the "
+            f"bound's saving), {s['len_paper']} on ShareGPT under the paper's memory rule and "
+            f"{s['len_ample']} with ample memory; told both, a median of {s['both_med']} (the "
+            f"router {s['router_med']}), ≥ 70% in {s['both_70']} of 32 (the router "
+            f"{s['router_70']}), ShareGPT {s['both_paper']} and {s['both_ample']}") in readme
+    if grid == "full":
+        assert (f"on ShareGPT the later turns hold {s['gap_later_paper']} points of the possible "
+                f"saving under the paper's memory rule and {s['gap_later_ample']} with ample "
+                f"memory, the first turns {s['gap_first_share']}") in readme
+        assert f"on the Mooncake trace the first turns hold {s['gap_first_moon']}" in readme
