@@ -192,11 +192,13 @@ def grid(settings: Sequence[Mapping[str, str]], variants_in: Sequence[Mapping[st
          max_conversations: int | None = None,
          target_params: Mapping[str, Any] | None = None,
          reference: Sequence[str] = REFERENCE,
-         reference_in: Sequence[Mapping[str, str]] | None = None) -> pd.DataFrame:
+         reference_in: Sequence[Mapping[str, str]] | None = None,
+         variants: Mapping[str, Mapping[str, Any]] | None = None) -> pd.DataFrame:
     """The runs: every setting (a mapping with the :data:`SETTING` keys) × (:data:`ONLINE`,
     ``reference`` (default :data:`REFERENCE`; ``()``: none; only in the settings of
     ``reference_in``, None: in all) and :data:`TARGET`); in the settings of ``variants_in``
-    also every :data:`VARIANTS` entry and the forecast errors ``noise``. ``target_params``:
+    also every entry of ``variants`` (label → HorizonRouter parameters; None:
+    :data:`VARIANTS`, e.g. :data:`TOLD`) and the forecast errors ``noise``. ``target_params``:
     HorizonRouter parameters of the router's runs, its variants' included (e.g.
     ``{"slot_price": False}``; None: its defaults). One row per run: the setting, ``policy``
     (a label), ``key`` and ``spec`` (a summary run)."""
@@ -211,7 +213,8 @@ def grid(settings: Sequence[Mapping[str, str]], variants_in: Sequence[Mapping[st
         runs: dict[str, tuple[str, dict[str, Any]]] = {p: (p, {}) for p in (*ONLINE, *refs)}
         runs[TARGET] = (TARGET, base)
         if st in variants_in:
-            runs |= {label: (TARGET, base | params) for label, params in VARIANTS.items()}
+            runs |= {label: (TARGET, base | dict(params))
+                     for label, params in (VARIANTS if variants is None else variants).items()}
             runs |= {noise_label(s): (TARGET, base | {"forecast_noise": float(s)})
                      for s in noise}
         for label, (policy, params) in runs.items():
@@ -421,12 +424,10 @@ def gap_to_bound(records: pd.DataFrame, paths: pd.DataFrame, deployments: Deploy
     ``share_of_possible_saving`` (the part over the reference's carbon minus the bound's on those
     sessions: with the run's share of the possible saving, :func:`carbonrouter_lib.bound.
     bound_comparison`'s, they sum to 1), and ``n_sessions_excluded``."""
-    from carbonrouter_lib import bound as bounds
-
     model, gpu = np.asarray(deployments.model), np.asarray(deployments.gpu)
-    excluded = bounds.capacity_rejected_sessions(records, paths)
+    excluded = bound.capacity_rejected_sessions(records, paths)
     if reference is not None:
-        excluded = np.union1d(excluded, bounds.capacity_rejected_sessions(reference, paths))
+        excluded = np.union1d(excluded, bound.capacity_rejected_sessions(reference, paths))
     m = records[["session", "turn", "deployment", "energy_kwh", "carbon_g"]].merge(
         paths[["session", "turn", "deployment", "energy_kwh", "carbon_g"]],
         on=["session", "turn"], suffixes=("", "_b"), validate="one_to_one")

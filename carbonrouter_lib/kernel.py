@@ -716,17 +716,14 @@ def _feasibility(i, at, nd, n_hits, hit_a, hit_miss, hit_new, ok_all, fast_all, 
             return 0
     lo = math.inf
     n_ok = 0
+    _ttfts(value, nd, at, new_f, hist_f, model, hit_a, hit_miss, n_hits, v_pre)
     for b in range(nd):
-        value[b] = math.inf
         if ok_all[i, b % nb] and avail[b]:
             n_ok += 1
-            miss = hist_f[at + model[b]]
-            for j in range(n_hits):
-                if hit_a[j] == b:
-                    miss = hit_miss[j]
-            value[b] = (new_f[at + model[b]] + miss) / v_pre[b]
             if value[b] < lo:
                 lo = value[b]
+        else:
+            value[b] = math.inf
     if n_ok == 0:
         return 2
     for b in range(nd):

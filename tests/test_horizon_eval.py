@@ -32,6 +32,11 @@ def test_grid_runs_every_online_policy_and_the_variants_only_where_asked():
     assert list(bare["policy"]) == [*he.ONLINE, he.TARGET]
     some = he.grid([tuned, other], reference_in=[tuned], max_conversations=30)
     assert some.groupby("season")["policy"].agg(list)["summer"] == [*he.ONLINE, he.TARGET]
+    # other variants in the settings asked for: the references told the future
+    told = he.grid([tuned], [tuned], noise=(), reference=(), variants=he.TOLD,
+                   max_conversations=30).set_index("policy")
+    assert list(told.index) == [*he.ONLINE, he.TARGET, *he.TOLD]
+    assert told.loc["told both", "spec"].policy_params == he.TOLD["told both"]
     # the seasons are the windows of replays.SEASONS
     assert spec.workload_config().arrival.window_start == pd.Timestamp("2022-01-03", tz="UTC")
     with pytest.raises(ValueError, match="unknown season"):

@@ -547,8 +547,9 @@ class HorizonRouter(Policy):
             return cand.argmin(cand.carbon)
         st = self._observe(ctx)
         model = self.model
-        f = st.fold(ctx.conversation, model)
-        sf = self._survival_row(ctx.conversation, f)
+        conversation = ctx.conversation
+        f = st.fold(conversation, model)
+        sf = self._survival_row(conversation, f)
         k = min(ctx.turn, model.survival.shape[1] - 1)
         rho = st.stayed if self.continuation == "online" else self.continuation
         # (n_regions, J), and per turn the least intensity and its region

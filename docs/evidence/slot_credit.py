@@ -68,17 +68,17 @@ def runs_without_credit(settings) -> pd.DataFrame:
 
 
 def bound_shares(t: pd.DataFrame, bounds: pd.DataFrame | None, other: str = CREDIT,
-                 designed_on=he.DESIGNED_ON) -> pd.DataFrame:
-    """Per setting and policy of table ``t`` (the online policies, ``other`` and the target), the
-    share of the committed bound's possible saving over Session-Affinity (NaN where ``bounds``
-    has no bound for the setting); ``held_out`` against ``designed_on``."""
+                 designed_on=he.DESIGNED_ON, policies=None) -> pd.DataFrame:
+    """Per setting and policy of table ``t`` (``policies``; None: the online policies, ``other``
+    and the target), the share of the committed bound's possible saving over Session-Affinity
+    (NaN where ``bounds`` has no bound for the setting); ``held_out`` against ``designed_on``."""
     rows = []
     kg = {} if bounds is None else bounds.groupby(list(he.SETTING))["bound_kg"].first().to_dict()
     for st, g in t.groupby(list(he.SETTING), sort=False):
         g = g.set_index("policy")
         sa = float(g.loc["session-affinity", "total_co2_kg"])
         b = kg.get(st, np.nan)
-        for p in (*he.ONLINE, other, he.TARGET):
+        for p in (*he.ONLINE, other, he.TARGET) if policies is None else policies:
             co2 = float(g.loc[p, "total_co2_kg"])
             share = bound.share_of_possible_saving(sa, co2, b) if np.isfinite(b) else np.nan
             rows.append(dict(zip(he.SETTING, st, strict=True)) | {

@@ -37,43 +37,27 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import bound, prepared, sweep
 from carbonrouter_lib import horizon_eval as he
+from carbonrouter_lib import prepared, sweep
 from carbonrouter_lib.outputs import save_table
-from carbonrouter_lib.sweep import RunSpec
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from slot_credit import bound_shares  # noqa: E402  (the variant grids' shares)
 
 
 def runs(settings) -> pd.DataFrame:
     """Per setting: Session-Affinity (the shares' reference), the router and each
-    :data:`carbonrouter_lib.horizon_eval.TOLD` reference."""
-    rows = []
-    for st in settings:
-        wcfg, scfg = he.setting(st)
-        for label, (policy, params) in {"session-affinity": ("session-affinity", {}),
-                                        he.TARGET: (he.TARGET, {}),
-                                        **{k: (he.TARGET, v) for k, v in he.TOLD.items()}}.items():
-            spec = RunSpec.make(wcfg, scfg, policy, params, output="summary")
-            rows.append({k: st[k] for k in he.SETTING} | {"policy": label, "key": spec.key(),
-                                                           "spec": spec})
-    return pd.DataFrame(rows)
+    :data:`carbonrouter_lib.horizon_eval.TOLD` reference (:func:`horizon_eval.grid`'s runs)."""
+    grid = he.grid(settings, variants_in=settings, variants=he.TOLD, noise=(), reference=())
+    return grid[grid["policy"].isin(["session-affinity", he.TARGET, *he.TOLD])].reset_index(
+        drop=True)
 
 
 def shares(t: pd.DataFrame, bounds: pd.DataFrame) -> pd.DataFrame:
     """Per setting and run of table ``t``: CO2 (kg), the committed bound (kg) and the share of
-    its possible saving over Session-Affinity."""
-    kg = bounds.groupby(list(he.SETTING))["bound_kg"].first().to_dict()
-    rows = []
-    for st, g in t.groupby(list(he.SETTING), sort=False):
-        g = g.set_index("policy")
-        sa = float(g.loc["session-affinity", "total_co2_kg"])
-        for p in (he.TARGET, *he.TOLD):
-            co2 = float(g.loc[p, "total_co2_kg"])
-            rows.append(dict(zip(he.SETTING, st, strict=True)) | {
-                "policy": p, "co2_kg": co2, "bound_kg": kg[st], "session_affinity_kg": sa,
-                "share_of_possible_saving": bound.share_of_possible_saving(sa, co2, kg[st])})
-    return pd.DataFrame(rows)
+    its possible saving over Session-Affinity (:func:`slot_credit.bound_shares`)."""
+    return bound_shares(t, bounds, policies=(he.TARGET, *he.TOLD))
 
 
 def length_by_prompt(bins: int = 8) -> pd.DataFrame:
