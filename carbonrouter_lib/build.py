@@ -84,5 +84,6 @@ def build_policy(
                                               backend=backend, cache_dir=gate_dir))
     if isinstance(policy, HorizonRouter) and policy.needs_model:
         policy.set_model(fit_horizon_model(table, config.beta_q, config.ttl_s, policy.horizon,
-                                           tell_turns=policy.session_length == "told"))
+                                           tell_turns=policy.session_length == "told",
+                                           tell_models=policy.future_models == "told"))
     return policy

@@ -76,6 +76,9 @@ TOLD: dict[str, dict[str, Any]] = {
     "told the intensities": {"forecast": "clairvoyant"},
     "told the session length": {"session_length": "told"},
     "told both": {"forecast": "clairvoyant", "session_length": "told"},
+    "told the models": {"future_models": "told"},
+    "told all three": {"forecast": "clairvoyant", "session_length": "told",
+                       "future_models": "told"},
 }
 #: Forecast-error sensitivity: σ of the log-normal error on every forecast value.
 NOISE: tuple[float, ...] = (0.1, 0.3, 0.6)

@@ -300,7 +300,7 @@ def _forest(f, z, left, right, feature, threshold, default_left, tree_start, n_t
 def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new_m, out_m,
                    stay_m, e_in, e_cache, e_out, region, model, kv_pool, keep, n_models,
                    cache_survival, model_stickiness, fallback, eligible, phi, use_fallback,
-                   option, mask, dom):
+                   option, mask, dom, told, stay_j, exit_j):
     """The expected carbon of the session's future turns on each deployment, gCO2e, written to
     ``future`` (n,) (``miss``: scratch (n,); ``work``: scratch of :func:`horizon_work_size`, so
     that a decision allocates nothing); the sum of :mod:`carbonrouter_lib.policies.horizon`.
@@ -318,13 +318,16 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
     only (0 elsewhere), the deployments numbered region-major with the same energies in every
     region (:meth:`carbonrouter_lib.deployments.Deployments.build`'s). Shared by the Python
     policy and the compiled loop, so both compute the same values (the sums over j run in
-    order)."""
+    order). ``told`` (a reference told the models of the session's future turns,
+    :func:`told_models`): turn j's q_m is ``stay_j[m, j]`` and, where ``exit_j[j]`` ≥ 0, its exit
+    the least recomputing deployment of model ``exit_j[j]`` (turn by turn; the learned values
+    elsewhere)."""
     n_r, n_j = fc.shape
     a_r, b_r = work[:n_r], work[n_r:2 * n_r]
     best = work[2 * n_r:2 * n_r + n_models]
     move = work[2 * n_r + n_models:2 * n_r + 2 * n_models]
     nd = len(future)
-    if use_fallback or option:
+    if use_fallback or option or told:
         # turn by turn: the option's min and the fallback's mixture do not sum in closed form.
         # Deployments are numbered region-major with the same (GPU, model) block of energies in
         # every region (Deployments.build), so turn j on a deployment costs its region's
@@ -396,7 +399,7 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
         for j in range(n_j):
             w_s[j] = surv[j] * rho_j  # ρ^j as a running product: no pow per turn
             rho_j *= rho
-        if lines and m0 >= 0 and (not model_stickiness or linear_exit):
+        if lines and m0 >= 0 and (not model_stickiness or linear_exit) and not told:
             # the move's block is the same at every turn and the exit is a line: each turn's
             # terms in loops of their own (they vectorize; the same operations per turn)
             a_lo, b_lo = alpha[m0], beta[m0]
@@ -416,7 +419,7 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
             for j in range(n_j):
                 c_lo, r_lo = fc_lo[j], fc_arg[j]
                 b_lo = m0
-                if not lines or m0 == -2 or (model_stickiness and not linear_exit):
+                if not lines or m0 == -2 or (model_stickiness and not linear_exit) or told:
                     for m in range(n_models):
                         best[m] = np.inf
                     e_lo, b_lo2 = np.inf, -1
@@ -446,7 +449,9 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
                     for m in range(n_models):
                         if need[m] == 0.0:
                             continue
-                        if linear_exit:
+                        if told and exit_j[j] >= 0 and exit_j[j] != m and best[exit_j[j]] < np.inf:
+                            ex = best[exit_j[j]]  # told: the model turn j will need
+                        elif linear_exit:
                             ex = ex_a[m] + j * ex_b[m]
                         else:
                             ex, ws = 0.0, 0.0
@@ -486,10 +491,20 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
             else:
                 ex, q = zero, 1.0
             c_r = fc[r]
-            for j in range(n_j):
-                v = c_r[j] * (a0 + j * a1)
-                v = q * v + (1 - q) * ex[j]
-                vv[j] = w_s[j] * (v - w_free[j] * max(v - w_lo[j], 0.0))
+            if told and model_stickiness:
+                # turn by turn: q_m and the exit of each future turn as told (a turn whose
+                # model stays feasible, or with no exit, prices staying)
+                for j in range(n_j):
+                    v = c_r[j] * (a0 + j * a1)
+                    qj, e = stay_j[m, j], w_ex[m * n_j + j]
+                    if qj < 1.0 and e < np.inf:
+                        v = qj * v + (1 - qj) * e
+                    vv[j] = w_s[j] * (v - w_free[j] * max(v - w_lo[j], 0.0))
+            else:
+                for j in range(n_j):
+                    v = c_r[j] * (a0 + j * a1)
+                    v = q * v + (1 - q) * ex[j]
+                    vv[j] = w_s[j] * (v - w_free[j] * max(v - w_lo[j], 0.0))
             total = 0.0
             for j in range(n_j):
                 total += vv[j]
@@ -565,6 +580,30 @@ def dominant_blocks(e_in, e_out, model, n_models, block):
                 dom[m] = b
                 break
     return dom
+
+
+@njit(**_LEAF)
+def told_models(stay_j, exit_j, feasible, start, c, k, stay_m):
+    """The models of a session's future turns, told (the reference ``HorizonRouter(
+    future_models="told")``; one function for both replay loops): for j = 1..J (column j − 1),
+    ``stay_j[m, j − 1]`` = 1 if model m is quality-feasible at turn k + j of conversation ``c``
+    (``feasible`` (rows, models) bool, its turns at rows ``start[c]`` … ``start[c + 1]`` − 1)
+    and ``exit_j[j − 1]`` the smallest feasible model there; past the conversation's last turn
+    the learned ``stay_m`` (q_m) and −1 (the learned exit)."""
+    n_m, n_j = stay_j.shape
+    lo, n_t = start[c], start[c + 1] - start[c]
+    for j in range(n_j):
+        t = k + 1 + j
+        exit_j[j] = -1
+        if t < n_t:
+            for m in range(n_m):
+                ok = feasible[lo + t, m]
+                stay_j[m, j] = 1.0 if ok else 0.0
+                if ok and exit_j[j] < 0:
+                    exit_j[j] = m
+        else:
+            for m in range(n_m):
+                stay_j[m, j] = stay_m[m]
 
 
 @njit(cache=True)
@@ -906,7 +945,7 @@ def _replay(
     h_j, h_online, h_rho, h_smoothing, h_cache_survival, h_stickiness, h_release, h_survival,
     h_new, h_out, h_stay, h_keep0, h_fc, h_row0, h_fold, h_sfold, h_slot, h_slot_s, h_surv_sum,
     h_tau, h_slot_res, h_slot_credit, h_fallback, h_eligible, h_use_fallback, h_option, h_ref,
-    h_tg_slo, h_tg_share, h_tg_step,
+    h_tg_slo, h_tg_share, h_tg_step, h_told_m, h_tfeas, h_tstart, h_conv,
     c_row, c_dep, c_disp, c_compl, c_cached, c_ttft, c_be, c_rej, c_switch, c_opp, c_block,
     counters, time_decisions, dec_cyc,
 ):
@@ -995,6 +1034,9 @@ def _replay(
             for f in range(h_fc.shape[1]):
                 forecast_minima(h_fc[x, f], h_fc_lo[x, f], h_fc_arg[x, f])
     h_stayed = 1.0
+    # told the models of the future turns (a reference): q_m and the exit per future turn
+    h_stay_j = np.ones((n_m, max(h_j, 1)))
+    h_exit_j = np.full(max(h_j, 1), -1, np.int64)
     # the slot price (HorizonRouter.slot_price): displacement per first turn, mean nonzero
     # displacement, price per pool; the rate of first turns and the last one's time
     h_disp = np.zeros(n_pools)
@@ -1178,11 +1220,14 @@ def _replay(
             if h_option:  # would this query's context fit in each KV pool without evicting?
                 observe_room(h_phi, kv_cap, used, post_m[h_ref], h_smoothing)
             rho_now = h_stayed if h_online else h_rho
+            if h_told_m:
+                told_models(h_stay_j, h_exit_j, h_tfeas, h_tstart, h_conv[s], k, h_stay[fo])
             horizon_future(future, miss_buf, h_work, h_survival[sf, kk, :h_j], rho_now,
                            h_fc[fr, fo], h_fc_lo[fr, fo], h_fc_arg[fr, fo], post_m, h_new[fo],
                            h_out[fo], h_stay[fo], e_in, e_cache, e_out, region, model, kvp_of,
                            h_keep, n_m, h_cache_survival, h_stickiness, h_fallback[fo],
-                           h_eligible[fo], h_phi, h_use_fallback, h_option, mask, h_dom)
+                           h_eligible[fo], h_phi, h_use_fallback, h_option, mask, h_dom,
+                           h_told_m, h_stay_j, h_exit_j)
             _values(1, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss, n_hits, value)  # Ĉ(a)
             if h_slot:
                 slot_prices(h_price, h_pi, h_disp, h_gap, h_clock, value, ok_all[i],
@@ -1493,7 +1538,9 @@ def rule(name: str, **params) -> dict:
                 h_slot_s=0.01, h_surv_sum=np.zeros((1, 1)), h_tau=np.zeros(1), h_slot_res=False,
                 h_slot_credit=True, h_fallback=np.zeros((1, 1, 1)),
                 h_eligible=np.ones((1, 1), np.bool_), h_use_fallback=False, h_option=False,
-                h_ref=0, h_tg_slo=0.0, h_tg_share=0.05, h_tg_step=0.05)
+                h_ref=0, h_tg_slo=0.0, h_tg_share=0.05, h_tg_step=0.05, h_told_m=False,
+                h_tfeas=np.zeros((1, 1), np.bool_), h_tstart=np.zeros(2, np.int64),
+                h_conv=np.zeros(1, np.int64))
     unknown = set(params) - set(spec)
     if unknown:
         raise ValueError(f"kernel.rule: unknown parameters {sorted(unknown)}")

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from test_simulator import AMPLE, CONFIG, T0, make_table
 
+from carbonrouter_lib import horizon_eval as he
 from carbonrouter_lib import kernel, prepared, setting, simulator
 from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.policies import HorizonModel, HorizonRouter, fit_horizon_model, make_policy
@@ -323,12 +324,13 @@ def test_forecast_noise_is_seeded_mean_preserving_and_only_noise():
 
 def _reference_future(surv, rho, fc, post_m, new_m, out_m, stay_m, e_in, e_cache, e_out,
                       region, model, kv_pool, keep, cache_survival, stickiness, fallback,
-                      eligible, phi, use_fallback, option):
+                      eligible, phi, use_fallback, option, told=None):
     """The future term of policies/horizon.py written out turn by turn in numpy (the former
-    router, neither part on: its exit is the deployment of least *total* recomputation)."""
+    router, neither part on: its exit is the deployment of least *total* recomputation).
+    ``told``: (stay_j, exit_j), the models of the future turns told (turn j's q_m and exit)."""
     n_m = len(new_m)
     total = np.zeros(len(e_in))
-    legacy = not (use_fallback or option)
+    legacy = not (use_fallback or option or told is not None)
     stay_sum, miss_sum = np.zeros(len(e_in)), np.zeros(len(e_in))
     for j in range(len(surv)):
         c = fc[region, j]
@@ -348,7 +350,13 @@ def _reference_future(surv, rho, fc, post_m, new_m, out_m, stay_m, e_in, e_cache
                 ex = (w * best[None, :]).sum(axis=1) / w.sum(axis=1)
             else:
                 ex = np.array([np.delete(best, k).min() for k in range(n_m)])
-            v = stay_m[model] * v + (1 - stay_m[model]) * ex[model]
+            if told is None:
+                v = stay_m[model] * v + (1 - stay_m[model]) * ex[model]
+            else:
+                q, x = told[0][model, j], told[1][j]
+                ex = np.array([best[x] if x >= 0 and x != k and best[x] < np.inf else ex[k]
+                               for k in range(n_m)])
+                v = np.where(q < 1, q * v + (1 - q) * ex[model], v)
         if option:
             d = int(np.argmin(np.where(eligible[model], miss, np.inf)))
             v = np.where(miss[d] < v, v - (1 - phi[kv_pool[d]]) * (v - miss[d]), v)
@@ -399,12 +407,37 @@ def test_the_future_term_is_its_formula(use_fallback, option, survival, stickine
     kernel.forecast_minima(fc, fc_lo, fc_arg)
     np.testing.assert_array_equal(fc_lo, fc.min(axis=0))  # no ties in a uniform draw
     np.testing.assert_array_equal(fc_arg, fc.argmin(axis=0))
+    stay_j, exit_j = np.ones((n_m, n_j)), np.full(n_j, -1, np.int64)
     kernel.horizon_future(future, miss, work, *args[:3], fc_lo, fc_arg, *args[3:], n_m, survival,
-                          stickiness, fallback, eligible, phi, use_fallback, option, mask, dom)
+                          stickiness, fallback, eligible, phi, use_fallback, option, mask, dom,
+                          False, stay_j, exit_j)
     expected = _reference_future(*args, survival, stickiness, fallback, eligible, phi,
                                  use_fallback, option)
     priced = mask if (use_fallback or option) else np.ones(n, dtype=bool)
     np.testing.assert_allclose(future[priced], expected[priced], rtol=1e-12)
+    if not stickiness:
+        return
+    # told the models of the future turns: told exactly the learned values, the same future
+    # (the turn-by-turn sum); told other values, turn j's q_m and exit as told
+    learned = future.copy()
+    stay_j[:] = args[6][:, None]
+    kernel.horizon_future(future, miss, work, *args[:3], fc_lo, fc_arg, *args[3:], n_m, survival,
+                          stickiness, fallback, eligible, phi, use_fallback, option, mask, dom,
+                          True, stay_j, exit_j)
+    if use_fallback or option:
+        np.testing.assert_allclose(future[mask], learned[mask], rtol=1e-12)
+    stay_j = (rng.uniform(0, 1, (n_m, n_j)) < 0.5).astype(np.float64)
+    exit_j = np.array([int(np.argmax(stay_j[:, j])) if stay_j[:, j].any() else -1
+                       for j in range(n_j)])
+    stay_j[:, n_j - 1] = args[6]  # a last turn past the session's end: the learned values
+    exit_j[n_j - 1] = -1
+    kernel.horizon_future(future, miss, work, *args[:3], fc_lo, fc_arg, *args[3:], n_m, survival,
+                          stickiness, fallback, eligible, phi, use_fallback, option, mask, dom,
+                          True, stay_j, exit_j)
+    expected = _reference_future(*args, survival, stickiness, fallback, eligible, phi,
+                                 use_fallback, option, told=(stay_j, exit_j))
+    np.testing.assert_allclose(future[mask], expected[mask], rtol=1e-12)
+    assert not np.allclose(future[mask], learned[mask])
 
 
 def test_the_fallback_is_learned_from_other_conversations():
@@ -655,12 +688,65 @@ def test_told_the_session_length_where_every_session_has_the_same_length():
     assert not plain["deployment"].equals(told["python"]["deployment"])
 
 
+def test_the_told_models_are_the_future_turns_feasible_models_by_hand():
+    from carbonrouter_lib import kernel
+
+    # two conversations: 3 turns and 1 turn; models 0..2
+    feasible = np.array([[0, 1, 1], [1, 1, 1], [0, 0, 1], [0, 1, 1]], np.bool_)
+    start = np.array([0, 3, 4], np.int64)
+    stay_m = np.array([0.2, 0.3, 0.9])
+    stay_j, exit_j = np.empty((3, 4)), np.empty(4, np.int64)
+    kernel.told_models(stay_j, exit_j, feasible, start, 0, 0, stay_m)
+    # turns 1 and 2 exist, turns 3 and 4 do not: the learned q_m and exit there
+    np.testing.assert_array_equal(stay_j, [[1, 0, .2, .2], [1, 0, .3, .3], [1, 1, .9, .9]])
+    np.testing.assert_array_equal(exit_j, [0, 2, -1, -1])
+    kernel.told_models(stay_j, exit_j, feasible, start, 0, 1, stay_m)
+    np.testing.assert_array_equal(stay_j[:, 0], [0, 0, 1])
+    np.testing.assert_array_equal(exit_j, [2, -1, -1, -1])
+    kernel.told_models(stay_j, exit_j, feasible, start, 1, 0, stay_m)
+    np.testing.assert_array_equal(stay_j, np.repeat(stay_m[:, None], 4, axis=1))
+    np.testing.assert_array_equal(exit_j, [-1] * 4)
+
+
+def test_told_the_models_both_loops_agree_and_it_reads_the_conversation():
+    cfg = prepared.WorkloadConfig(dataset="sharegpt", max_conversations=400, seed=2)
+    table = prepared.prepare_workload(prepared.with_copies(cfg, 2), use_cache=False)
+    sim = setting.SimulationConfig(regions=("GB", "BE"))
+    model = fit_horizon_model(table, horizon=16, tell_models=True)
+    conv = prepared.conversation_codes(table)
+    # the stored feasibility is each conversation's turns in order, at the model's β_Q
+    q = prepared.model_matrix(table, "quality")
+    feasible = q >= model.beta_q * q.max(axis=1, keepdims=True)
+    rows = model.turn_start[conv] + table["turn"].to_numpy()
+    np.testing.assert_array_equal(model.feasible_turns[rows], feasible)
+    np.testing.assert_array_equal(np.diff(model.turn_start)[conv], table["n_turns"].to_numpy())
+    plain = simulator.simulate(table, HorizonRouter(model=model), sim).records
+    told = {engine: simulator.simulate(table, HorizonRouter(model=model, future_models="told"),
+                                       sim, engine=engine).records
+            for engine in ("python", "compiled")}
+    pd.testing.assert_frame_equal(told["python"], told["compiled"], check_exact=True)
+    assert not plain["deployment"].equals(told["python"]["deployment"])
+    every = {engine: simulator.simulate(
+        table, HorizonRouter(model=fit_horizon_model(table, horizon=16, tell_models=True,
+                                                     tell_turns=True),
+                             **he.TOLD["told all three"]), sim, engine=engine).records
+             for engine in ("python", "compiled")}
+    pd.testing.assert_frame_equal(every["python"], every["compiled"], check_exact=True)
+
+
 def test_the_told_references_are_validated_and_recorded():
     for bad in ({"session_length": "oracle"}, {"session_length": "told", "horizon": 0},
-                {"forecast": "oracle"}):
+                {"forecast": "oracle"}, {"future_models": "oracle"},
+                {"future_models": "told", "horizon": 0},
+                {"future_models": "told", "model_stickiness": False}):
         with pytest.raises(ValueError):
             HorizonRouter(**bad)
     assert "session_length" not in HorizonRouter().params()
+    assert "future_models" not in HorizonRouter().params()
+    told = HorizonRouter(future_models="told")
+    assert HorizonRouter(**told.params()).params() == told.params()
+    with pytest.raises(ValueError, match="tell_models"):
+        told.set_model(certain_model())
     r = HorizonRouter(session_length="told", forecast="clairvoyant")
     assert r.params()["session_length"] == "told" and r.params()["forecast"] == "clairvoyant"
     assert HorizonRouter(**r.params()).params() == r.params()

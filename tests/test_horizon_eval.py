@@ -877,6 +877,14 @@ def _told_spans(grid: str) -> dict[str, str]:
         "both_70": f"{int((w[both] >= 0.7).sum())}",
         "router_70": f"{int((w[he.TARGET] >= 0.7).sum())}",
         "both_paper": pct(both, ~moon & ~ample), "both_ample": pct(both, ~moon & ample),
+        "models_paper": pts("told the models", ~moon & ~ample),
+        "models_ample": pts("told the models", ~moon & ample),
+        "models_moon": pts("told the models", moon),
+        "all_med": f"{100 * w['told all three'].median():.0f}%",
+        "all_70": f"{int((w['told all three'] >= 0.7).sum())}",
+        "all_70_share": f"{int((w['told all three'] >= 0.7)[~moon].sum())}",
+        "all_paper": pct("told all three", ~moon & ~ample),
+        "all_ample": pct("told all three", ~moon & ample),
         "gap_later_paper": tot("sharegpt", "later", "paper"),
         "gap_later_ample": tot("sharegpt", "later", "paper x10"),
         "gap_first_share": tot("sharegpt", "first"), "gap_first_moon": tot("mooncake", "first"),
@@ -899,7 +907,7 @@ def test_the_committed_told_and_gap_tables_follow_from_their_runs(grid):
     mine = t.merge(grid_t, on=key, suffixes=("", "_grid"))
     assert set(mine["policy"]) == {"session-affinity", he.TARGET}
     assert len(mine) == 64 and (mine["total_co2_kg"] == mine["total_co2_kg_grid"]).all()
-    assert set(b["policy"]) == {he.TARGET, *he.TOLD} and len(b) == 4 * 32
+    assert set(b["policy"]) == {he.TARGET, *he.TOLD} and len(b) == (1 + len(he.TOLD)) * 32
     kg = grid_b.groupby(list(he.SETTING))["bound_kg"].first()
     for row in b.itertuples(index=False):
         st = tuple(getattr(row, k) for k in he.SETTING)
@@ -927,7 +935,12 @@ def test_the_committed_told_and_gap_tables_follow_from_their_runs(grid):
             f"bound's saving), {s['len_paper']} on ShareGPT under the paper's memory rule and "
             f"{s['len_ample']} with ample memory; told both, a median of {s['both_med']} (the "
             f"router {s['router_med']}), ≥ 70% in {s['both_70']} of 32 (the router "
-            f"{s['router_70']}), ShareGPT {s['both_paper']} and {s['both_ample']}") in readme
+            f"{s['router_70']}), ShareGPT {s['both_paper']} and {s['both_ample']}; the models of "
+            f"the future turns {s['models_paper']} on ShareGPT under the paper's memory rule, "
+            f"{s['models_ample']} with ample memory, {s['models_moon']} on the Mooncake trace; "
+            f"told all three, a median of {s['all_med']}, ≥ 70% in {s['all_70']} of 32 "
+            f"({s['all_70_share']} of them ShareGPT), ShareGPT {s['all_paper']} and "
+            f"{s['all_ample']}") in readme
     closed = {g: _told_spans(g)["len_closed"] for g in ("full", "fresh")}
     assert (f"the session length is worth a third of the router's gap to the bound on the Mooncake "
             f"trace ({closed['full']} of it in the full grid, {closed['fresh']} in the fresh "

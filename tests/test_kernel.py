@@ -92,6 +92,10 @@ def policies(gate: LearnedGate, table: pd.DataFrame, config: SimulationConfig):
         forecast="clairvoyant", session_length="told")
     yield "horizon told the session length, slot residence", HorizonRouter(
         session_length="told", slot_residence=True, slot_smoothing=0.2)
+    yield "horizon told all three", HorizonRouter(forecast="clairvoyant", session_length="told",
+                                                  future_models="told")
+    yield "horizon told the models, cheapest exit, no option", HorizonRouter(
+        future_models="told", exit="cheapest", option=False)
 
 
 def assert_engines_agree(table, config, signal, backend, gate) -> dict:

@@ -104,8 +104,12 @@ served; both replay loops run it.
 "clairvoyant"`` prices the future turns with the intensities that will be in force at d + j·τ
 (:class:`carbonrouter_lib.forecast.Clairvoyant`), and ``session_length="told"`` with the
 session's true number of turns K: S_k(j) = 1{k + j < K} in the future term and in the slot
-price's T_k (D̄ stays the training sessions' mean). They measure how much of the clairvoyant
-bound's possible saving is the information the router lacks; both replay loops run them.
+price's T_k (D̄ stays the training sessions' mean). ``future_models="told"`` prices each future
+turn k + j the session has with the models it will need: q_m = 1{m quality-feasible at turn
+k + j} and the exit the least-carbon recomputing deployment of the smallest model that will be
+(past the session's last turn, and so beyond it for a router not also told the length, the
+learned q_m and exit). They measure how much of the clairvoyant bound's possible saving is the
+information the router lacks; both replay loops run them.
 
 Units: gCO2e, kWh, tokens, seconds, gCO2e/kWh.
 """
@@ -124,7 +128,7 @@ from carbonrouter_lib.policies.base import Candidates, Policy, QueryContext
 from carbonrouter_lib.profiles import MODELS, REFERENCE_DEPLOYMENT
 
 __all__ = ["HorizonModel", "HorizonRouter", "fit_horizon_model", "forecast_error", "LEARNED",
-           "EXITS", "SESSION_LENGTHS", "survival_table"]
+           "EXITS", "SESSION_LENGTHS", "FUTURE_MODELS", "survival_table"]
 
 #: ``model=LEARNED``: the horizon model is fitted on the replayed workload by the runner.
 LEARNED = "learned"
@@ -133,6 +137,10 @@ EXITS: tuple[str, ...] = ("fallback", "cheapest")
 #: Where S_k(j) comes from (``HorizonRouter.session_length``): the training sessions, or the
 #: session's own number of turns (a reference that reads the future).
 SESSION_LENGTHS: tuple[str, ...] = ("learned", "told")
+#: Where q_m and the exit of each future turn come from (``HorizonRouter.future_models``): the
+#: training sessions, or the models the session's own future turns will need (a reference that
+#: reads the future).
+FUTURE_MODELS: tuple[str, ...] = ("learned", "told")
 
 
 @dataclass
@@ -173,6 +181,12 @@ class HorizonModel:
         (:func:`carbonrouter_lib.prepared.conversation_codes`) — the future, read only by the
         reference router told the session length (``session_length="told"``). None (every
         fitted model unless ``fit_horizon_model(tell_turns=True)``).
+    feasible_turns, turn_start
+        (rows, n_models) bool and (n_conversations + 1,) int64: the quality-feasible models
+        (at ``beta_q``) of every turn of every conversation, conversation c's turns at rows
+        ``turn_start[c]`` … ``turn_start[c + 1]`` − 1 — the future, read only by the reference
+        told the models of the future turns (``future_models="told"``). None unless
+        ``fit_horizon_model(tell_models=True)``.
     """
 
     folds: int
@@ -189,6 +203,8 @@ class HorizonModel:
     fallback: np.ndarray | None = None
     eligible: np.ndarray | None = None
     turns: np.ndarray | None = None
+    feasible_turns: np.ndarray | None = None
+    turn_start: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n_m = self.new_tokens.shape[1]
@@ -213,13 +229,15 @@ class HorizonModel:
 def fit_horizon_model(table: pd.DataFrame, beta_q: float = DEFAULTS["beta_q"],
                       ttl_s: float = DEFAULTS["ttl_s"],
                       horizon: int = 16, folds: int = 5, seed: int = 0,
-                      tell_turns: bool = False) -> HorizonModel:
+                      tell_turns: bool = False, tell_models: bool = False) -> HorizonModel:
     """Fit the :class:`HorizonModel` on a prepared workload: for each conversation fold f, the
     session-length survival, the mean tokens of later turns, the models' next-turn feasibility,
     the mean gap between turns and the share of think times within ``ttl_s`` — all from the
     conversations of the *other* folds (each conversation counted once, however many copies the
     replay has of it). ``tell_turns``: also record every conversation's number of turns
-    (:attr:`HorizonModel.turns`, for the reference told the session length only)."""
+    (:attr:`HorizonModel.turns`, for the reference told the session length only);
+    ``tell_models``: also every turn's quality-feasible models (:attr:`HorizonModel.
+    feasible_turns`, for the reference told the models of the future turns only)."""
     from carbonrouter_lib import prepared
 
     if horizon < 0 or folds < 2:
@@ -280,7 +298,16 @@ def fit_horizon_model(table: pd.DataFrame, beta_q: float = DEFAULTS["beta_q"],
             if lost.any():
                 fallback[f, m] = np.bincount(dest[lost], minlength=n_m) / lost.sum()
         eligible[f] = feasible[later].any(axis=0) if later.any() else True
-    turns_of = None
+    turns_of = feasible_turns = turn_start = None
+    if tell_models:
+        # each conversation's turns once (its first session's rows), in turn order
+        rows = np.flatnonzero(first_copy)
+        rows = rows[np.lexsort((turn[rows], conv[rows]))]
+        counts = np.bincount(conv[rows], minlength=int(conv.max()) + 1)
+        turn_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        if np.any(turn[rows] != np.arange(len(rows)) - turn_start[conv[rows]]):
+            raise ValueError("fit_horizon_model: a conversation's turns are not 0 … K − 1")
+        feasible_turns = np.ascontiguousarray(feasible[rows], np.bool_)
     if tell_turns:
         turns_of = np.zeros(int(conv.max()) + 1, np.int64)
         turns_of[conv] = n_turns
@@ -290,7 +317,8 @@ def fit_horizon_model(table: pd.DataFrame, beta_q: float = DEFAULTS["beta_q"],
                         new_tokens=new_mean, out_tokens=out_mean, stay_feasible=stay, gap_s=gap,
                         keep_prior=keep, beta_q=float(beta_q),
                         meta={"n_conversations": int(len(np.unique(conv))), "ttl_s": ttl_s},
-                        fallback=fallback, eligible=eligible, turns=turns_of)
+                        fallback=fallback, eligible=eligible, turns=turns_of,
+                        feasible_turns=feasible_turns, turn_start=turn_start)
 
 
 def _largest_fallback(n_m: int) -> np.ndarray:
@@ -369,6 +397,11 @@ class HorizonRouter(Policy):
         true number of turns (a reference that reads the future, not an online policy; its model
         must be fitted with ``tell_turns=True``, as :func:`carbonrouter_lib.build.build_policy`
         does). ``forecast="clairvoyant"`` is the intensities' counterpart.
+    future_models : str
+        ``"learned"`` (default): q_m and the exit from the training sessions. ``"told"``: at
+        each future turn that the session has, q_m is whether model m will be quality-feasible
+        there and the exit the smallest model that will be (a reference that reads the future;
+        its model must be fitted with ``tell_models=True``; needs ``model_stickiness``).
     """
 
     name = "carbonrouter-horizon"
@@ -381,7 +414,8 @@ class HorizonRouter(Policy):
                  slot_smoothing: float = 0.01, slot_residence: bool = False,
                  exit: str = "fallback", option: bool = True, slot_credit: bool = True,
                  ttft_slo_s: float | None = None, ttft_share: float = 0.05,
-                 ttft_step: float = 0.05, session_length: str = "learned") -> None:
+                 ttft_step: float = 0.05, session_length: str = "learned",
+                 future_models: str = "learned") -> None:
         from carbonrouter_lib.forecast import FORECASTERS, REFERENCE_FORECASTERS
 
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
@@ -395,6 +429,13 @@ class HorizonRouter(Policy):
         if session_length == "told" and horizon == 0:
             raise ValueError("HorizonRouter.session_length='told' needs horizon ≥ 1")
         self.session_length = session_length
+        if future_models not in FUTURE_MODELS:
+            raise ValueError(f"HorizonRouter.future_models must be one of {FUTURE_MODELS}, "
+                             f"got {future_models!r}")
+        if future_models == "told" and (horizon == 0 or not model_stickiness):
+            raise ValueError("HorizonRouter.future_models='told' needs horizon ≥ 1 and "
+                             "model_stickiness=True (it tells q_m and the exit)")
+        self.future_models = future_models
         if slot_price is None:
             slot_price = horizon > 0
         if exit not in EXITS:
@@ -470,6 +511,9 @@ class HorizonRouter(Policy):
         if self.session_length == "told" and model.turns is None:
             raise ValueError("HorizonRouter(session_length='told') needs a model fitted with "
                              "fit_horizon_model(tell_turns=True)")
+        if self.future_models == "told" and model.feasible_turns is None:
+            raise ValueError("HorizonRouter(future_models='told') needs a model fitted with "
+                             "fit_horizon_model(tell_models=True)")
         self.model = model
         self._bound = None
 
@@ -494,6 +538,8 @@ class HorizonRouter(Policy):
                   "ttft_step": self.ttft_step}
         if self.session_length != "learned":
             p |= {"session_length": self.session_length}
+        if self.future_models != "learned":
+            p |= {"future_models": self.future_models}
         return p | {"exit": self.exit, "option": self.option}
 
     # ---- per-run state ----------------------------------------------------------------------
@@ -530,6 +576,11 @@ class HorizonRouter(Policy):
         state.ttft_price, state.v_pre = np.zeros(d.n), np.asarray(d.v_pre, np.float64)
         state.surv = survival_table(model, self.session_length == "told")
         state.surv_sum = _survival_sums(state.surv, self.horizon)
+        state.stay_j = np.ones((len(d.models), max(self.horizon, 1)))
+        state.exit_j = np.full(max(self.horizon, 1), -1, np.int64)
+        if self.future_models == "told":
+            state.feasible_turns = model.feasible_turns
+            state.turn_start = model.turn_start
         state.work = np.empty(kernel.horizon_work_size(len(d.regions), len(d.models), d.n,
                                                        self.horizon))
         # per KV pool: the chance a new cache there evicts another; 1 until seen otherwise, so
@@ -555,6 +606,10 @@ class HorizonRouter(Policy):
         # (n_regions, J), and per turn the least intensity and its region
         fc, fc_lo, fc_arg = st.forecast_with_minima(ctx.time_s, model.gap_s[f], self.horizon, f)
         post = ctx.n_hist_m + ctx.n_new_m + ctx.n_out_est_m  # H_0 per model
+        told = self.future_models == "told"
+        if told:
+            kernel.told_models(st.stay_j, st.exit_j, st.feasible_turns, st.turn_start,
+                               conversation, ctx.turn, model.stay_feasible[f])
         kernel.horizon_future(
             st.future, st.miss, st.work, st.surv[sf, k, :self.horizon], float(rho), fc,
             fc_lo, fc_arg, post, model.new_tokens[f], model.out_tokens[f],
@@ -562,7 +617,7 @@ class HorizonRouter(Policy):
             st.kv_pool, st.keep,
             st.other_models.shape[0], self.cache_survival, self.model_stickiness,
             model.fallback[f], model.eligible[f], st.phi, self.exit == "fallback", self.option,
-            cand.mask, st.dom)
+            cand.mask, st.dom, told, st.stay_j, st.exit_j)
         total = cand.carbon + st.future
         if self.slot_price:
             total += self._slot_prices(ctx, cand, st, f, sf, k, float(rho))
@@ -670,7 +725,10 @@ class HorizonRouter(Policy):
             h_use_fallback=self.exit == "fallback", h_option=self.option,
             h_ref=MODELS.index(REFERENCE_DEPLOYMENT[0]),
             h_tg_slo=0.0 if self.ttft_slo_s is None else self.ttft_slo_s,
-            h_tg_share=self.ttft_share, h_tg_step=self.ttft_step)
+            h_tg_share=self.ttft_share, h_tg_step=self.ttft_step,
+            **(dict(h_told_m=True, h_tfeas=model.feasible_turns, h_tstart=model.turn_start,
+                    h_conv=np.ascontiguousarray(info.conversations, np.int64))
+               if self.future_models == "told" else {}))
 
     def on_served(self, ctx: QueryContext, a: int) -> None:
         st = self._bound

@@ -1,6 +1,7 @@
 """How much of the clairvoyant bound's possible saving is information the horizon router lacks:
 the router told the future intensities (``forecast="clairvoyant"``), told each session's number
-of turns (``session_length="told"``), and told both, against the router itself, on notebook 09's
+of turns (``session_length="told"``), told both, told the models its future turns will need
+(``future_models="told"``), and told all three, against the router itself, on notebook 09's
 full grid or fresh weeks: ``horizon_told_{grid}_table.csv`` (:func:`carbonrouter_lib.horizon_eval.
 table`: each run's Table-1 quantities, and the router's saving over each told reference with its
 paired 95% CI over conversations: negative where being told saves carbon) and
@@ -12,20 +13,23 @@ from what it sees at the first turn?).
 Why. The issue's fourth target, ≥ 70% of the bound's possible saving, is met in 3 of the full
 grid's 32 settings. The bound knows the future: the intensities to come, which sessions return
 and for how many turns, which models their turns will need, the think times, and every other
-session. The two told references measure the first two. They are not online policies (they read
+session. The told references measure the first three. They are not online policies (they read
 the future) and the router's parameters are untouched; nothing here was tuned. What is left
-between "told both" and the bound is what neither reference is told (the models later turns
-need, the think times, the other sessions) and what the router's one-step rule cannot do with
-what it is told.
+between "told all three" and the bound is what no reference is told (which caches survive the
+think times, the other sessions, the bound's relaxations) and what the router's one-step rule
+cannot do with what it is told.
 
 The told intensities are the signal's values at the times the router prices, d + j·τ (τ the mean
 gap between turns): the forecast without its error, not the future turns' actual dispatch times.
 The told session length replaces the learned survival S_k(j) by 1{k + j < K} in the future term
 and in the slot price's remaining time T_k (the slot price's D̄ stays the training sessions').
+The told models replace, at each future turn the session has, q_m by whether model m will be
+quality-feasible there and the exit by the smallest model that will be (past the session's last
+turn the learned values stay).
 
 The bound: its values in the committed ``horizon_{grid}_bound.csv`` (it does not depend on the
 router). The router's own runs here give the committed ``horizon_{grid}_table.csv`` CO2 to the last
-digit (checked below). About 15 minutes a grid on two cores. Run from the repository root:
+digit (checked below). About 25 minutes a grid on two cores. Run from the repository root:
 ``.venv/bin/python docs/evidence/told.py full|fresh``.
 """
 
