@@ -300,7 +300,7 @@ def _forest(f, z, left, right, feature, threshold, default_left, tree_start, n_t
 def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new_m, out_m,
                    stay_m, e_in, e_cache, e_out, region, model, kv_pool, keep, n_models,
                    cache_survival, model_stickiness, fallback, eligible, phi, use_fallback,
-                   option, mask, dom, told, stay_j, exit_j):
+                   option, mask, dom, stay_j=None, exit_j=None):
     """The expected carbon of the session's future turns on each deployment, gCO2e, written to
     ``future`` (n,) (``miss``: scratch (n,); ``work``: scratch of :func:`horizon_work_size`, so
     that a decision allocates nothing); the sum of :mod:`carbonrouter_lib.policies.horizon`.
@@ -318,8 +318,10 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
     only (0 elsewhere), the deployments numbered region-major with the same energies in every
     region (:meth:`carbonrouter_lib.deployments.Deployments.build`'s). Shared by the Python
     policy and the compiled loop, so both compute the same values (the sums over j run in
-    order). ``told`` (a reference told the models of the session's future turns,
-    :func:`told_models`): turn j's q_m is ``stay_j[m, j]`` and, where ``exit_j[j]`` ≥ 0, its exit
+    order). ``stay_j`` and ``exit_j`` (a reference told the models of the session's future turns,
+    :func:`told_models`; None for every online router, whose code then has no branch of them:
+    Numba prunes ``is None`` tests of arguments): turn j's q_m is ``stay_j[m, j]`` and, where
+    ``exit_j[j]`` ≥ 0, its exit
     the least recomputing deployment of model ``exit_j[j]`` (turn by turn; the learned values
     elsewhere)."""
     n_r, n_j = fc.shape
@@ -327,7 +329,10 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
     best = work[2 * n_r:2 * n_r + n_models]
     move = work[2 * n_r + n_models:2 * n_r + 2 * n_models]
     nd = len(future)
-    if use_fallback or option or told:
+    per_turn = use_fallback or option
+    if stay_j is not None:
+        per_turn = True
+    if per_turn:
         # turn by turn: the option's min and the fallback's mixture do not sum in closed form.
         # Deployments are numbered region-major with the same (GPU, model) block of energies in
         # every region (Deployments.build), so turn j on a deployment costs its region's
@@ -399,7 +404,10 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
         for j in range(n_j):
             w_s[j] = surv[j] * rho_j  # ρ^j as a running product: no pow per turn
             rho_j *= rho
-        if lines and m0 >= 0 and (not model_stickiness or linear_exit) and not told:
+        vector = lines and m0 >= 0 and (not model_stickiness or linear_exit)
+        if stay_j is not None:
+            vector = False  # told: the exit changes with j
+        if vector:
             # the move's block is the same at every turn and the exit is a line: each turn's
             # terms in loops of their own (they vectorize; the same operations per turn)
             a_lo, b_lo = alpha[m0], beta[m0]
@@ -419,7 +427,10 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
             for j in range(n_j):
                 c_lo, r_lo = fc_lo[j], fc_arg[j]
                 b_lo = m0
-                if not lines or m0 == -2 or (model_stickiness and not linear_exit) or told:
+                search = not lines or m0 == -2 or (model_stickiness and not linear_exit)
+                if stay_j is not None:
+                    search = True
+                if search:
                     for m in range(n_models):
                         best[m] = np.inf
                     e_lo, b_lo2 = np.inf, -1
@@ -449,8 +460,11 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
                     for m in range(n_models):
                         if need[m] == 0.0:
                             continue
-                        if told and exit_j[j] >= 0 and exit_j[j] != m and best[exit_j[j]] < np.inf:
-                            ex = best[exit_j[j]]  # told: the model turn j will need
+                        told_ex = -1
+                        if exit_j is not None:
+                            told_ex = exit_j[j]  # told: the model turn j will need
+                        if told_ex >= 0 and told_ex != m and best[told_ex] < np.inf:
+                            ex = best[told_ex]
                         elif linear_exit:
                             ex = ex_a[m] + j * ex_b[m]
                         else:
@@ -491,7 +505,10 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
             else:
                 ex, q = zero, 1.0
             c_r = fc[r]
-            if told and model_stickiness:
+            told = False
+            if stay_j is not None:
+                told = model_stickiness
+            if told:
                 # turn by turn: q_m and the exit of each future turn as told (a turn whose
                 # model stays feasible, or with no exit, prices staying)
                 for j in range(n_j):
@@ -1222,12 +1239,19 @@ def _replay(
             rho_now = h_stayed if h_online else h_rho
             if h_told_m:
                 told_models(h_stay_j, h_exit_j, h_tfeas, h_tstart, h_conv[s], k, h_stay[fo])
-            horizon_future(future, miss_buf, h_work, h_survival[sf, kk, :h_j], rho_now,
-                           h_fc[fr, fo], h_fc_lo[fr, fo], h_fc_arg[fr, fo], post_m, h_new[fo],
-                           h_out[fo], h_stay[fo], e_in, e_cache, e_out, region, model, kvp_of,
-                           h_keep, n_m, h_cache_survival, h_stickiness, h_fallback[fo],
-                           h_eligible[fo], h_phi, h_use_fallback, h_option, mask, h_dom,
-                           h_told_m, h_stay_j, h_exit_j)
+                horizon_future(future, miss_buf, h_work, h_survival[sf, kk, :h_j], rho_now,
+                               h_fc[fr, fo], h_fc_lo[fr, fo], h_fc_arg[fr, fo], post_m,
+                               h_new[fo], h_out[fo], h_stay[fo], e_in, e_cache, e_out, region,
+                               model, kvp_of, h_keep, n_m, h_cache_survival, h_stickiness,
+                               h_fallback[fo], h_eligible[fo], h_phi, h_use_fallback, h_option,
+                               mask, h_dom, h_stay_j, h_exit_j)
+            else:
+                horizon_future(future, miss_buf, h_work, h_survival[sf, kk, :h_j], rho_now,
+                               h_fc[fr, fo], h_fc_lo[fr, fo], h_fc_arg[fr, fo], post_m,
+                               h_new[fo], h_out[fo], h_stay[fo], e_in, e_cache, e_out, region,
+                               model, kvp_of, h_keep, n_m, h_cache_survival, h_stickiness,
+                               h_fallback[fo], h_eligible[fo], h_phi, h_use_fallback, h_option,
+                               mask, h_dom)
             _values(1, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss, n_hits, value)  # Ĉ(a)
             if h_slot:
                 slot_prices(h_price, h_pi, h_disp, h_gap, h_clock, value, ok_all[i],

@@ -409,8 +409,7 @@ def test_the_future_term_is_its_formula(use_fallback, option, survival, stickine
     np.testing.assert_array_equal(fc_arg, fc.argmin(axis=0))
     stay_j, exit_j = np.ones((n_m, n_j)), np.full(n_j, -1, np.int64)
     kernel.horizon_future(future, miss, work, *args[:3], fc_lo, fc_arg, *args[3:], n_m, survival,
-                          stickiness, fallback, eligible, phi, use_fallback, option, mask, dom,
-                          False, stay_j, exit_j)
+                          stickiness, fallback, eligible, phi, use_fallback, option, mask, dom)
     expected = _reference_future(*args, survival, stickiness, fallback, eligible, phi,
                                  use_fallback, option)
     priced = mask if (use_fallback or option) else np.ones(n, dtype=bool)
@@ -423,7 +422,7 @@ def test_the_future_term_is_its_formula(use_fallback, option, survival, stickine
     stay_j[:] = args[6][:, None]
     kernel.horizon_future(future, miss, work, *args[:3], fc_lo, fc_arg, *args[3:], n_m, survival,
                           stickiness, fallback, eligible, phi, use_fallback, option, mask, dom,
-                          True, stay_j, exit_j)
+                          stay_j, exit_j)
     if use_fallback or option:
         np.testing.assert_allclose(future[mask], learned[mask], rtol=1e-12)
     stay_j = (rng.uniform(0, 1, (n_m, n_j)) < 0.5).astype(np.float64)
@@ -433,7 +432,7 @@ def test_the_future_term_is_its_formula(use_fallback, option, survival, stickine
     exit_j[n_j - 1] = -1
     kernel.horizon_future(future, miss, work, *args[:3], fc_lo, fc_arg, *args[3:], n_m, survival,
                           stickiness, fallback, eligible, phi, use_fallback, option, mask, dom,
-                          True, stay_j, exit_j)
+                          stay_j, exit_j)
     expected = _reference_future(*args, survival, stickiness, fallback, eligible, phi,
                                  use_fallback, option, told=(stay_j, exit_j))
     np.testing.assert_allclose(future[mask], expected[mask], rtol=1e-12)

@@ -610,6 +610,7 @@ class HorizonRouter(Policy):
         if told:
             kernel.told_models(st.stay_j, st.exit_j, st.feasible_turns, st.turn_start,
                                conversation, ctx.turn, model.stay_feasible[f])
+        # None: the online router's compiled function, without the told branches
         kernel.horizon_future(
             st.future, st.miss, st.work, st.surv[sf, k, :self.horizon], float(rho), fc,
             fc_lo, fc_arg, post, model.new_tokens[f], model.out_tokens[f],
@@ -617,7 +618,7 @@ class HorizonRouter(Policy):
             st.kv_pool, st.keep,
             st.other_models.shape[0], self.cache_survival, self.model_stickiness,
             model.fallback[f], model.eligible[f], st.phi, self.exit == "fallback", self.option,
-            cand.mask, st.dom, told, st.stay_j, st.exit_j)
+            cand.mask, st.dom, st.stay_j if told else None, st.exit_j if told else None)
         total = cand.carbon + st.future
         if self.slot_price:
             total += self._slot_prices(ctx, cand, st, f, sf, k, float(rho))
