@@ -854,8 +854,11 @@ def _told_spans(grid: str) -> dict[str, str]:
     told_len = t[(t["policy"] == "told the session length") & (t["dataset"] == "mooncake")]
     g = pd.read_csv(EVIDENCE / f"horizon_gap_{grid}.csv")
     per = g.groupby([*he.SETTING, "turns"])["share_of_possible_saving"].sum().unstack("turns")
+    gt = pd.read_csv(EVIDENCE / f"horizon_gap_told_{grid}.csv")
+    per_told = gt.groupby([*he.SETTING, "turns"])["share_of_possible_saving"].sum().unstack(
+        "turns")
 
-    def tot(dataset, turns, memory=None):
+    def tot(dataset, turns, memory=None, per=per):
         x = per.xs(dataset, level="dataset")[turns]
         if memory is not None:
             x = x.xs(memory, level="memory")
@@ -884,10 +887,14 @@ def _told_spans(grid: str) -> dict[str, str]:
         "all_70": f"{int((w['told all three'] >= 0.7).sum())}",
         "all_70_share": f"{int((w['told all three'] >= 0.7)[~moon].sum())}",
         "all_paper": pct("told all three", ~moon & ~ample),
+        "all_paper_pts": pts("told all three", ~moon & ~ample),
+        "all_ample_pts": pts("told all three", ~moon & ample),
         "all_ample": pct("told all three", ~moon & ample),
         "gap_later_paper": tot("sharegpt", "later", "paper"),
         "gap_later_ample": tot("sharegpt", "later", "paper x10"),
         "gap_first_share": tot("sharegpt", "first"), "gap_first_moon": tot("mooncake", "first"),
+        "told_later_paper": tot("sharegpt", "later", "paper", per_told),
+        "told_later_ample": tot("sharegpt", "later", "paper x10", per_told),
     }
 
 
@@ -914,17 +921,23 @@ def test_the_committed_told_and_gap_tables_follow_from_their_runs(grid):
         assert row.bound_kg == kg[st]
         assert row.share_of_possible_saving == pytest.approx(bound.share_of_possible_saving(
             row.session_affinity_kg, row.co2_kg, row.bound_kg), rel=1e-12)
-    g = pd.read_csv(EVIDENCE / f"horizon_gap_{grid}.csv")
-    assert (g["n_sessions_excluded"] >= 0).all() and set(g["part"]) == set(he.GAP_PARTS)
-    first_same = g[(g["turns"] == "first") & (g["part"] == he.GAP_PARTS[0])]
-    assert len(first_same) == 32 and (first_same["gap_kg"].abs() < 1e-12).all()
-    router = grid_b[grid_b["policy"] == he.TARGET].set_index(list(he.SETTING))
-    parts = g.groupby(list(he.SETTING))["share_of_possible_saving"].sum()
-    clean = g.groupby(list(he.SETTING))["n_sessions_excluded"].first() == 0
-    # where no session was left out, the records' comparison is the totals' share
-    assert clean.sum() >= 28
-    np.testing.assert_allclose(
-        (parts + router.loc[parts.index, "share_of_possible_saving"])[clean], 1.0, rtol=1e-9)
+    # the router's split (gap.py) and that of the reference told all three (gap.py --told)
+    told_b = b[b["policy"] == "told all three"].set_index(list(he.SETTING))
+    for name, of in ((f"horizon_gap_{grid}.csv", grid_b[grid_b["policy"] == he.TARGET].set_index(
+            list(he.SETTING))), (f"horizon_gap_told_{grid}.csv", told_b)):
+        g = pd.read_csv(EVIDENCE / name)
+        assert (g["n_sessions_excluded"] >= 0).all() and set(g["part"]) == set(he.GAP_PARTS)
+        first_same = g[(g["turns"] == "first") & (g["part"] == he.GAP_PARTS[0])]
+        assert len(first_same) == 32 and (first_same["gap_kg"].abs() < 1e-12).all()
+        co2 = g.groupby(list(he.SETTING))[["co2_kg", "bound_kg"]].first()
+        assert (co2["co2_kg"].to_numpy() == of.loc[co2.index, "co2_kg"].to_numpy()).all(), name
+        assert (co2["bound_kg"].to_numpy() == kg.loc[co2.index].to_numpy()).all(), name
+        parts = g.groupby(list(he.SETTING))["share_of_possible_saving"].sum()
+        clean = g.groupby(list(he.SETTING))["n_sessions_excluded"].first() == 0
+        # where no session was left out, the records' comparison is the totals' share
+        assert clean.sum() >= 28
+        np.testing.assert_allclose(
+            (parts + of.loc[parts.index, "share_of_possible_saving"])[clean], 1.0, rtol=1e-9)
     s = _told_spans(grid)
     readme = _readme_text()
     name = {"full": "the full grid", "fresh": "the fresh weeks"}[grid]
@@ -942,6 +955,11 @@ def test_the_committed_told_and_gap_tables_follow_from_their_runs(grid):
             f"({s['all_70_share']} of them ShareGPT), ShareGPT {s['all_paper']} and "
             f"{s['all_ample']}") in readme
     closed = {g: _told_spans(g)["len_closed"] for g in ("full", "fresh")}
+    every = {g: _told_spans(g) for g in ("full", "fresh")}
+    assert (f"together move its share by {every['full']['all_paper_pts']} under the paper's memory "
+            f"rule and {every['full']['all_ample_pts']} with ample memory (full grid; the fresh "
+            f"weeks {every['fresh']['all_paper_pts']} and {every['fresh']['all_ample_pts']})"
+            ) in readme
     assert (f"the session length is worth a third of the router's gap to the bound on the Mooncake "
             f"trace ({closed['full']} of it in the full grid, {closed['fresh']} in the fresh "
             f"weeks)") in readme
@@ -950,3 +968,6 @@ def test_the_committed_told_and_gap_tables_follow_from_their_runs(grid):
                 f"saving under the paper's memory rule and {s['gap_later_ample']} with ample "
                 f"memory, the first turns {s['gap_first_share']}") in readme
         assert f"on the Mooncake trace the first turns hold {s['gap_first_moon']}" in readme
+        assert (f"Told all three, the later turns on ShareGPT still hold {s['told_later_paper']} "
+                f"points under the paper's memory rule and {s['told_later_ample']} with ample "
+                f"memory") in readme
