@@ -318,12 +318,11 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
     only (0 elsewhere), the deployments numbered region-major with the same energies in every
     region (:meth:`carbonrouter_lib.deployments.Deployments.build`'s). Shared by the Python
     policy and the compiled loop, so both compute the same values (the sums over j run in
-    order). ``stay_j`` and ``exit_j`` (a reference told the models of the session's future turns,
-    :func:`told_models`; None for every online router, whose code then has no branch of them:
-    Numba prunes ``is None`` tests of arguments): turn j's q_m is ``stay_j[m, j]`` and, where
-    ``exit_j[j]`` ≥ 0, its exit
-    the least recomputing deployment of model ``exit_j[j]`` (turn by turn; the learned values
-    elsewhere)."""
+    order). ``stay_j`` (models, J) and ``exit_j`` (J,) are a reference's, told the models of the
+    session's future turns (:func:`told_models`): turn j's q_m is ``stay_j[m, j]`` and, where
+    ``exit_j[j]`` ≥ 0, its exit the least recomputing deployment of model ``exit_j[j]``. None for
+    every online router: Numba compiles a version without the told branches (it prunes ``is
+    None`` tests of arguments), so they cost the online router nothing."""
     n_r, n_j = fc.shape
     a_r, b_r = work[:n_r], work[n_r:2 * n_r]
     best = work[2 * n_r:2 * n_r + n_models]
