@@ -13,6 +13,7 @@ from carbonrouter_lib import horizon_eval as he
 from carbonrouter_lib import kernel, prepared, setting, simulator
 from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.policies import HorizonModel, HorizonRouter, fit_horizon_model, make_policy
+from carbonrouter_lib.policies.horizon import turn_starts
 from carbonrouter_lib.prepared import conversation_folds
 from carbonrouter_lib.profiles import MODELS
 
@@ -665,13 +666,30 @@ def test_the_told_survival_is_the_session_length_by_hand():
     assert HorizonRouter(horizon=3, model=model)._survival_row(1, 1) == 1
 
 
+def _told_workload() -> tuple[pd.DataFrame, setting.SimulationConfig]:
+    """A small ShareGPT replay (two copies of 400 conversations) and two regions, for the
+    references told the future."""
+    cfg = prepared.WorkloadConfig(dataset="sharegpt", max_conversations=400, seed=2)
+    table = prepared.prepare_workload(prepared.with_copies(cfg, 2), use_cache=False)
+    return table, setting.SimulationConfig(regions=("GB", "BE"))
+
+
+def _both_loops(table: pd.DataFrame, model: HorizonModel, sim: setting.SimulationConfig,
+                **params) -> pd.DataFrame:
+    """The records of ``HorizonRouter(model=model, **params)`` in the Python loop, asserting that
+    the compiled loop gives the same, bit for bit."""
+    rec = {engine: simulator.simulate(table, HorizonRouter(model=model, **params), sim,
+                                      engine=engine).records
+           for engine in ("python", "compiled")}
+    pd.testing.assert_frame_equal(rec["python"], rec["compiled"], check_exact=True)
+    return rec["python"]
+
+
 def test_told_the_session_length_where_every_session_has_the_same_length():
     # where every conversation has K turns the learned survival *is* 1{k + j < K}: the router
     # told the session length decides exactly as the router; elsewhere it decides differently,
     # and both loops agree on it
-    cfg = prepared.WorkloadConfig(dataset="sharegpt", max_conversations=400, seed=2)
-    table = prepared.prepare_workload(prepared.with_copies(cfg, 2), use_cache=False)
-    sim = setting.SimulationConfig(regions=("GB", "BE"))
+    table, sim = _told_workload()
     same = table[table["n_turns"] == 3].reset_index(drop=True)
     assert same["session"].nunique() > 30
     model = fit_horizon_model(same, horizon=16, tell_turns=True)
@@ -680,11 +698,8 @@ def test_told_the_session_length_where_every_session_has_the_same_length():
     pd.testing.assert_frame_equal(a, b)
     model = fit_horizon_model(table, horizon=16, tell_turns=True)
     plain = simulator.simulate(table, HorizonRouter(model=model), sim).records
-    told = {engine: simulator.simulate(table, HorizonRouter(model=model, session_length="told"),
-                                       sim, engine=engine).records
-            for engine in ("python", "compiled")}
-    pd.testing.assert_frame_equal(told["python"], told["compiled"], check_exact=True)
-    assert not plain["deployment"].equals(told["python"]["deployment"])
+    told = _both_loops(table, model, sim, session_length="told")
+    assert not plain["deployment"].equals(told["deployment"])
 
 
 def test_the_told_models_are_the_future_turns_feasible_models_by_hand():
@@ -708,29 +723,22 @@ def test_the_told_models_are_the_future_turns_feasible_models_by_hand():
 
 
 def test_told_the_models_both_loops_agree_and_it_reads_the_conversation():
-    cfg = prepared.WorkloadConfig(dataset="sharegpt", max_conversations=400, seed=2)
-    table = prepared.prepare_workload(prepared.with_copies(cfg, 2), use_cache=False)
-    sim = setting.SimulationConfig(regions=("GB", "BE"))
+    table, sim = _told_workload()
     model = fit_horizon_model(table, horizon=16, tell_models=True)
     conv = prepared.conversation_codes(table)
     # the stored feasibility is each conversation's turns in order, at the model's β_Q
     q = prepared.model_matrix(table, "quality")
     feasible = q >= model.beta_q * q.max(axis=1, keepdims=True)
-    rows = model.turn_start[conv] + table["turn"].to_numpy()
+    start = turn_starts(model.turns)
+    rows = start[conv] + table["turn"].to_numpy()
     np.testing.assert_array_equal(model.feasible_turns[rows], feasible)
-    np.testing.assert_array_equal(np.diff(model.turn_start)[conv], table["n_turns"].to_numpy())
+    np.testing.assert_array_equal(np.diff(start)[conv], table["n_turns"].to_numpy())
+    assert len(model.feasible_turns) == start[-1]
     plain = simulator.simulate(table, HorizonRouter(model=model), sim).records
-    told = {engine: simulator.simulate(table, HorizonRouter(model=model, future_models="told"),
-                                       sim, engine=engine).records
-            for engine in ("python", "compiled")}
-    pd.testing.assert_frame_equal(told["python"], told["compiled"], check_exact=True)
-    assert not plain["deployment"].equals(told["python"]["deployment"])
-    every = {engine: simulator.simulate(
-        table, HorizonRouter(model=fit_horizon_model(table, horizon=16, tell_models=True,
-                                                     tell_turns=True),
-                             **he.TOLD["told all three"]), sim, engine=engine).records
-             for engine in ("python", "compiled")}
-    pd.testing.assert_frame_equal(every["python"], every["compiled"], check_exact=True)
+    told = _both_loops(table, model, sim, future_models="told")
+    assert not plain["deployment"].equals(told["deployment"])
+    # (the same model tells the session length too: it carries every conversation's turns)
+    _both_loops(table, model, sim, **he.TOLD["told all three"])
 
 
 def test_the_told_references_are_validated_and_recorded():

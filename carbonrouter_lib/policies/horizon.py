@@ -128,7 +128,7 @@ from carbonrouter_lib.policies.base import Candidates, Policy, QueryContext
 from carbonrouter_lib.profiles import MODELS, REFERENCE_DEPLOYMENT
 
 __all__ = ["HorizonModel", "HorizonRouter", "fit_horizon_model", "forecast_error", "LEARNED",
-           "EXITS", "SESSION_LENGTHS", "FUTURE_MODELS", "survival_table"]
+           "EXITS", "SESSION_LENGTHS", "FUTURE_MODELS", "survival_table", "turn_starts"]
 
 #: ``model=LEARNED``: the horizon model is fitted on the replayed workload by the runner.
 LEARNED = "learned"
@@ -179,14 +179,15 @@ class HorizonModel:
     turns
         (n_conversations,) int64: each conversation's number of turns, by conversation code
         (:func:`carbonrouter_lib.prepared.conversation_codes`) — the future, read only by the
-        reference router told the session length (``session_length="told"``). None (every
-        fitted model unless ``fit_horizon_model(tell_turns=True)``).
-    feasible_turns, turn_start
-        (rows, n_models) bool and (n_conversations + 1,) int64: the quality-feasible models
-        (at ``beta_q``) of every turn of every conversation, conversation c's turns at rows
-        ``turn_start[c]`` … ``turn_start[c + 1]`` − 1 — the future, read only by the reference
-        told the models of the future turns (``future_models="told"``). None unless
-        ``fit_horizon_model(tell_models=True)``.
+        references told the session length or the models (``session_length="told"``,
+        ``future_models="told"``). None (every fitted model unless ``fit_horizon_model(
+        tell_turns=True)`` or ``tell_models=True``).
+    feasible_turns
+        (rows, n_models) bool: the quality-feasible models (at ``beta_q``) of every turn of
+        every conversation, conversation c's turns at rows s[c] … s[c + 1] − 1 with s =
+        :func:`turn_starts` of ``turns`` — the future, read only by the reference told the models
+        of the future turns (``future_models="told"``). None unless ``fit_horizon_model(
+        tell_models=True)``.
     """
 
     folds: int
@@ -204,7 +205,6 @@ class HorizonModel:
     eligible: np.ndarray | None = None
     turns: np.ndarray | None = None
     feasible_turns: np.ndarray | None = None
-    turn_start: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n_m = self.new_tokens.shape[1]
@@ -237,7 +237,8 @@ def fit_horizon_model(table: pd.DataFrame, beta_q: float = DEFAULTS["beta_q"],
     replay has of it). ``tell_turns``: also record every conversation's number of turns
     (:attr:`HorizonModel.turns`, for the reference told the session length only);
     ``tell_models``: also every turn's quality-feasible models (:attr:`HorizonModel.
-    feasible_turns`, for the reference told the models of the future turns only)."""
+    feasible_turns`, with ``turns``, for the reference told the models of the future turns
+    only)."""
     from carbonrouter_lib import prepared
 
     if horizon < 0 or folds < 2:
@@ -298,27 +299,33 @@ def fit_horizon_model(table: pd.DataFrame, beta_q: float = DEFAULTS["beta_q"],
             if lost.any():
                 fallback[f, m] = np.bincount(dest[lost], minlength=n_m) / lost.sum()
         eligible[f] = feasible[later].any(axis=0) if later.any() else True
-    turns_of = feasible_turns = turn_start = None
-    if tell_models:
-        # each conversation's turns once (its first session's rows), in turn order
-        rows = np.flatnonzero(first_copy)
-        rows = rows[np.lexsort((turn[rows], conv[rows]))]
-        counts = np.bincount(conv[rows], minlength=int(conv.max()) + 1)
-        turn_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        if np.any(turn[rows] != np.arange(len(rows)) - turn_start[conv[rows]]):
-            raise ValueError("fit_horizon_model: a conversation's turns are not 0 … K − 1")
-        feasible_turns = np.ascontiguousarray(feasible[rows], np.bool_)
-    if tell_turns:
+    turns_of = feasible_turns = None
+    if tell_turns or tell_models:
         turns_of = np.zeros(int(conv.max()) + 1, np.int64)
         turns_of[conv] = n_turns
         if np.any(turns_of[conv] != n_turns):  # copies of a conversation replay all its turns
             raise ValueError("fit_horizon_model: copies of a conversation differ in n_turns")
+    if tell_models:
+        # each conversation's turns once (its first session's rows), in turn order
+        rows = np.flatnonzero(first_copy)
+        rows = rows[np.lexsort((turn[rows], conv[rows]))]
+        start = turn_starts(turns_of)
+        if len(rows) != start[-1] or np.any(
+                turn[rows] != np.arange(len(rows)) - start[conv[rows]]):
+            raise ValueError("fit_horizon_model: a conversation's turns are not 0 … K − 1")
+        feasible_turns = np.ascontiguousarray(feasible[rows], np.bool_)
     return HorizonModel(folds=folds, seed=seed, horizon=horizon, survival=surv,
                         new_tokens=new_mean, out_tokens=out_mean, stay_feasible=stay, gap_s=gap,
                         keep_prior=keep, beta_q=float(beta_q),
                         meta={"n_conversations": int(len(np.unique(conv))), "ttl_s": ttl_s},
                         fallback=fallback, eligible=eligible, turns=turns_of,
-                        feasible_turns=feasible_turns, turn_start=turn_start)
+                        feasible_turns=feasible_turns)
+
+
+def turn_starts(turns: np.ndarray) -> np.ndarray:
+    """(len(turns) + 1,) int64: where each conversation's turns start in
+    :attr:`HorizonModel.feasible_turns` (the cumulative numbers of turns ``turns``)."""
+    return np.concatenate([[0], np.cumsum(turns)]).astype(np.int64)
 
 
 def _largest_fallback(n_m: int) -> np.ndarray:
@@ -576,11 +583,11 @@ class HorizonRouter(Policy):
         state.ttft_price, state.v_pre = np.zeros(d.n), np.asarray(d.v_pre, np.float64)
         state.surv = survival_table(model, self.session_length == "told")
         state.surv_sum = _survival_sums(state.surv, self.horizon)
-        state.stay_j = np.ones((len(d.models), max(self.horizon, 1)))
-        state.exit_j = np.full(max(self.horizon, 1), -1, np.int64)
+        state.stay_j = state.exit_j = None  # the told models' q_m and exits per future turn
         if self.future_models == "told":
-            state.feasible_turns = model.feasible_turns
-            state.turn_start = model.turn_start
+            state.stay_j = np.ones((len(d.models), self.horizon))
+            state.exit_j = np.full(self.horizon, -1, np.int64)
+            state.turn_start = turn_starts(model.turns)
         state.work = np.empty(kernel.horizon_work_size(len(d.regions), len(d.models), d.n,
                                                        self.horizon))
         # per KV pool: the chance a new cache there evicts another; 1 until seen otherwise, so
@@ -606,11 +613,10 @@ class HorizonRouter(Policy):
         # (n_regions, J), and per turn the least intensity and its region
         fc, fc_lo, fc_arg = st.forecast_with_minima(ctx.time_s, model.gap_s[f], self.horizon, f)
         post = ctx.n_hist_m + ctx.n_new_m + ctx.n_out_est_m  # H_0 per model
-        told = self.future_models == "told"
-        if told:
-            kernel.told_models(st.stay_j, st.exit_j, st.feasible_turns, st.turn_start,
+        if st.stay_j is not None:
+            kernel.told_models(st.stay_j, st.exit_j, model.feasible_turns, st.turn_start,
                                conversation, ctx.turn, model.stay_feasible[f])
-        # None: the online router's compiled function, without the told branches
+        # stay_j None: the online router's compiled function, without the told branches
         kernel.horizon_future(
             st.future, st.miss, st.work, st.surv[sf, k, :self.horizon], float(rho), fc,
             fc_lo, fc_arg, post, model.new_tokens[f], model.out_tokens[f],
@@ -618,7 +624,7 @@ class HorizonRouter(Policy):
             st.kv_pool, st.keep,
             st.other_models.shape[0], self.cache_survival, self.model_stickiness,
             model.fallback[f], model.eligible[f], st.phi, self.exit == "fallback", self.option,
-            cand.mask, st.dom, st.stay_j if told else None, st.exit_j if told else None)
+            cand.mask, st.dom, st.stay_j, st.exit_j)
         total = cand.carbon + st.future
         if self.slot_price:
             total += self._slot_prices(ctx, cand, st, f, sf, k, float(rho))
@@ -727,7 +733,7 @@ class HorizonRouter(Policy):
             h_ref=MODELS.index(REFERENCE_DEPLOYMENT[0]),
             h_tg_slo=0.0 if self.ttft_slo_s is None else self.ttft_slo_s,
             h_tg_share=self.ttft_share, h_tg_step=self.ttft_step,
-            **(dict(h_told_m=True, h_tfeas=model.feasible_turns, h_tstart=model.turn_start,
+            **(dict(h_told_m=True, h_tfeas=model.feasible_turns, h_tstart=turn_starts(model.turns),
                     h_conv=np.ascontiguousarray(info.conversations, np.int64))
                if self.future_models == "told" else {}))
 
