@@ -41,7 +41,8 @@ __all__ = ["TARGET", "ONLINE", "REFERENCE", "FORMER", "VARIANTS", "NOISE", "TUNE
            "grid", "grid_settings", "scale_grid", "table", "scale_table", "verdicts",
            "variants_table", "bound_shares", "first_turn_split", "held_out", "with_ttft_slo",
            "TTFT_SLO_FROM", "NO_TTFT_SLO", "TTFT_SLO_DESIGNED_ON", "TOLD", "GAP_PARTS",
-           "gap_to_bound"]
+           "gap_to_bound", "TURN_KINDS", "turn_kinds", "previous_served",
+           "gap_by_turn_kind"]
 
 #: The router evaluated (registry name; its defaults).
 TARGET = "carbonrouter-horizon"
@@ -462,6 +463,103 @@ def gap_to_bound(records: pd.DataFrame, paths: pd.DataFrame, deployments: Deploy
             if possible is not None:
                 row["share_of_possible_saving"] = g / possible if possible > 0 else np.nan
             rows.append(row | {"n_sessions_excluded": len(excluded)})
+    return pd.DataFrame(rows)
+
+
+#: :func:`turn_kinds`: what each served query of a path did with the session's deployments.
+TURN_KINDS: tuple[str, ...] = ("first", "stay", "move", "return")
+
+
+def previous_served(records: pd.DataFrame) -> np.ndarray:
+    """The deployment of each query's session's latest earlier served turn (−1: none), aligned
+    with ``records``' rows (``session``, ``turn``, ``deployment``, any row order)."""
+    session = records["session"].to_numpy(np.int64)
+    turn = records["turn"].to_numpy(np.int64)
+    dep = records["deployment"].to_numpy(np.int64)
+    order = np.lexsort((turn, session))
+    s, d = session[order], dep[order]
+    # the index (in order) of the latest served row up to each row, carried forward
+    last = np.maximum.accumulate(np.where(d >= 0, np.arange(len(d)), -1))
+    before = np.append(-1, last[:-1])
+    ok = before >= 0
+    ok[ok] = s[before[ok]] == s[ok]
+    prev = np.where(ok, d[np.maximum(before, 0)], -1)
+    out = np.empty(len(d), np.int64)
+    out[order] = prev
+    return out
+
+
+def turn_kinds(records: pd.DataFrame) -> np.ndarray:
+    """What each query of a path (a run's records or the bound's paths: ``session``, ``turn``,
+    ``deployment``, any row order) did, aligned with ``records``' rows: ``"first"`` (the
+    session's turn 0), ``"stay"`` (the deployment of the session's previous served turn),
+    ``"return"`` (a deployment that served an earlier turn of the session, not the previous served
+    one: where the bound's relaxation 5 charges the context up to turn k − 2 as cached), ``"move"``
+    (a deployment the session had not used), ``"rejected"`` (deployment −1)."""
+    session = records["session"].to_numpy(np.int64)
+    turn = records["turn"].to_numpy(np.int64)
+    dep = records["deployment"].to_numpy(np.int64)
+    prev = previous_served(records)
+    order = np.lexsort((turn, session))
+    served = dep[order] >= 0
+    # served before: an earlier served row of the same session had this deployment
+    before = np.zeros(len(dep), bool)
+    before[np.flatnonzero(served)] = pd.DataFrame(
+        {"s": session[order][served], "d": dep[order][served]}).duplicated().to_numpy()
+    seen = np.empty(len(dep), bool)
+    seen[order] = before
+    return np.where(dep < 0, "rejected", np.where(turn == 0, "first", np.where(
+        dep == prev, "stay", np.where(seen, "return", "move")))).astype(object)
+
+
+def gap_by_turn_kind(records: pd.DataFrame, paths: pd.DataFrame, reference: pd.DataFrame,
+                     deployments: Deployments | None = None) -> pd.DataFrame:
+    """A run's share of the bound's possible saving, and what it leaves, by what the bound's path
+    did at each query (:func:`turn_kinds` of ``paths``, :func:`carbonrouter_lib.bound.
+    clairvoyant_bound`'s).
+
+    On the sessions the bound applies to (:func:`gap_to_bound`'s), per kind: ``queries``, the
+    carbon of the bound (``bound_kg``), of the run (``run_kg``) and of the ``reference`` run
+    (``reference_kg``) on those queries, and as shares of the possible saving (the reference's
+    carbon minus the bound's on those sessions) the part the run achieved there
+    (``achieved``: reference − run) and the part it left (``left``: run − bound). Over the kinds
+    ``achieved`` sums to the run's share of the possible saving and ``achieved + left`` to 1.
+    ``run_reused``: the share of those queries' history tokens the run found cached. With the
+    setting's ``deployments``, also ``bound_other_model`` and ``bound_other_region``: the share of
+    the kind's queries on which the bound's path ran another model (region) than at the
+    session's previous served turn. Where the bound returns to an older cache, its relaxations 1
+    and 5 charge the context up to turn k − 2 as cached whatever the other sessions did; the
+    replay keeps it only if no eviction or TTL took it meanwhile."""
+    excluded = np.union1d(bound.capacity_rejected_sessions(records, paths),
+                          bound.capacity_rejected_sessions(reference, paths))
+    key = ["session", "turn"]
+    m = paths[[*key, "deployment", "carbon_g"]].assign(
+        kind=turn_kinds(paths), prev=previous_served(paths)).merge(
+        records[[*key, "carbon_g", "cached_tokens", "history_tokens"]], on=key,
+        suffixes=("_b", ""), validate="one_to_one").merge(
+        reference[[*key, "carbon_g"]].rename(columns={"carbon_g": "carbon_g_ref"}), on=key,
+        validate="one_to_one")
+    m = m[~m["session"].isin(excluded)]
+    possible = float(m["carbon_g_ref"].sum() - m["carbon_g_b"].sum())
+    rows = []
+    for kind in (*TURN_KINDS, "rejected"):
+        g = m[m["kind"] == kind]
+        b, r, ref = (float(g[c].sum()) for c in ("carbon_g_b", "carbon_g", "carbon_g_ref"))
+        hist = float(g["history_tokens"].sum())
+        rows.append({"kind": kind, "queries": len(g), "bound_kg": b / 1e3, "run_kg": r / 1e3,
+                     "reference_kg": ref / 1e3,
+                     "achieved": (ref - r) / possible if possible > 0 else np.nan,
+                     "left": (r - b) / possible if possible > 0 else np.nan,
+                     "run_reused": float(g["cached_tokens"].sum()) / hist if hist else np.nan,
+                     "n_sessions_excluded": len(excluded)})
+        if deployments is not None:
+            d, prev = g["deployment"].to_numpy(), g["prev"].to_numpy()
+            has = (d >= 0) & (prev >= 0)
+            for col, of in (("bound_other_model", deployments.model),
+                            ("bound_other_region", deployments.region)):
+                of = np.asarray(of)
+                rows[-1][col] = float((of[d[has]] != of[prev[has]]).mean()) if has.any() \
+                    else np.nan
     return pd.DataFrame(rows)
 
 

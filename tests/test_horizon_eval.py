@@ -256,6 +256,98 @@ def test_the_gap_to_the_bound_adds_up_to_the_share_of_a_replay(tmp_path):
     assert (g.groupby("turns")["gap_kg"].sum().abs() > 0).all()
 
 
+def test_turn_kinds_by_hand():
+    # session 5: 0 on d2, stays, moves to d1, a rejected turn, returns to d2 (served two served
+    # turns before), stays, moves to d3, returns to d1; session 3: turn 0 rejected, then d4 (a
+    # move: the session had no deployment), d4 again. Rows shuffled: kinds (and the previous
+    # served deployment) follow the rows.
+    rec = pd.DataFrame({"session": [5] * 8 + [3] * 3, "turn": [*range(8), 0, 1, 2],
+                        "deployment": [2, 2, 1, -1, 2, 2, 3, 1, -1, 4, 4]})
+    want = ["first", "stay", "move", "rejected", "return", "stay", "move", "return",
+            "rejected", "move", "stay"]
+    perm = np.random.default_rng(0).permutation(len(rec))
+    got = he.turn_kinds(rec.iloc[perm])
+    assert list(got) == [want[i] for i in perm]
+    prev = [-1, 2, 2, 1, 1, 2, 2, 3, -1, -1, 4]
+    assert list(he.previous_served(rec.iloc[perm])) == [prev[i] for i in perm]
+
+
+def test_turn_kinds_are_the_bound_dps_cost_kinds():
+    # On the DP's optimal paths of random sessions: "stay" is the cost of a deployment that served
+    # turn k − 1 (kind 2), "return" that of one served before (kind 1), first and move none (0).
+    from carbonrouter_lib.bound import session_bound_dp
+
+    rng = np.random.default_rng(3)
+    seen = set()
+    for q in range(60):
+        k_turns, n = int(rng.integers(2, 9)), int(rng.integers(2, 5))
+        full = rng.uniform(0.1, 1.0, (k_turns, n))
+        rev = full + rng.uniform(0.0, 0.5, (k_turns, n))
+        none = rev + rng.uniform(0.0, 2.0, (k_turns, n))
+        feasible = rng.random((k_turns, n)) < 0.8
+        _, path, kind = session_bound_dp(none, rev, full, feasible, 1 << np.arange(n))
+        got = he.turn_kinds(pd.DataFrame({"session": q, "turn": np.arange(k_turns),
+                                          "deployment": path}))
+        want = np.array([{-1: "rejected", 0: "move", 1: "return", 2: "stay"}[int(c)]
+                         for c in kind], dtype=object)
+        want[(np.arange(k_turns) == 0) & (path >= 0)] = "first"
+        assert list(got) == list(want)
+        seen |= set(got)
+    assert {"first", "stay", "move", "return"} <= seen
+
+
+def test_the_gap_by_turn_kind_by_hand():
+    # The bound: session 0 d0, d1, d0 (first, move, return); session 1 d0 (first); session 2 is
+    # rejected by the run for lack of capacity (left out and counted).
+    paths = pd.DataFrame({"session": [0, 0, 0, 1, 2], "turn": [0, 1, 2, 0, 0],
+                          "deployment": [0, 1, 0, 0, 0], "carbon_g": [10.0, 5.0, 2.0, 10.0, 1.0]})
+    rec = paths.assign(deployment=[0, 0, 0, 1, -1], carbon_g=[12.0, 8.0, 3.0, 10.0, 0.0],
+                       cached_tokens=[0.0, 50.0, 100.0, 0.0, 0.0],
+                       history_tokens=[0.0, 100.0, 200.0, 0.0, 0.0],
+                       rejected=[False, False, False, False, True])
+    ref = rec.assign(carbon_g=[14.0, 9.0, 9.0, 12.0, 5.0], rejected=False)
+    from types import SimpleNamespace
+
+    # d0 and d1: the same model in two regions
+    deps = SimpleNamespace(model=np.array([0, 0]), region=np.array([0, 1]))
+    g = he.gap_by_turn_kind(rec, paths, ref, deps).set_index("kind")
+    assert g.loc["move", "bound_other_region"] == 1.0 and g.loc["move", "bound_other_model"] == 0.0
+    assert g.loc["return", "bound_other_region"] == 1.0
+    assert np.isnan(g.loc["first", "bound_other_model"])  # no previous turn
+    assert "bound_other_model" not in he.gap_by_turn_kind(rec, paths, ref).columns
+    possible = 44.0 - 27.0  # the reference's 44 g over the bound's 27 g on sessions 0 and 1
+    assert g["queries"].to_dict() == {"first": 2, "stay": 0, "move": 1, "return": 1,
+                                      "rejected": 0}
+    assert g.loc["first", "achieved"] == pytest.approx((26 - 22) / possible)
+    assert g.loc["first", "left"] == pytest.approx((22 - 20) / possible)
+    assert g.loc["move", "run_reused"] == 0.5
+    assert g.loc["return", "left"] == pytest.approx(1 / possible)
+    assert g.loc["return", "run_reused"] == 0.5
+    assert g["achieved"].sum() == pytest.approx((44 - 33) / possible)
+    assert (g["achieved"] + g["left"]).sum() == pytest.approx(1.0)
+    assert (g["n_sessions_excluded"] == 1).all()
+
+
+def test_the_gap_by_turn_kind_adds_up_to_the_share_of_a_replay(tmp_path):
+    """On a small replay the kinds' parts add up to the router's share of the possible saving,
+    and the router's carbon on the kinds to its total."""
+    from carbonrouter_lib import bound, sweep
+
+    wcfg, scfg = he.setting(dict(he.TUNED), "unscaled", max_conversations=40)
+    records = sweep.run_named({p: sweep.RunSpec.make(wcfg, scfg, p)
+                               for p in ("session-affinity", he.TARGET)},
+                              cache_dir=tmp_path, serial=True, progress=False)
+    paths = bound.ensure_bound(wcfg, scfg)
+    cmp = bound.bound_comparison(records, paths).set_index("policy")
+    g = he.gap_by_turn_kind(records[he.TARGET], paths, records["session-affinity"])
+    assert g["achieved"].sum() == pytest.approx(cmp.loc[he.TARGET, "share_of_possible_saving"],
+                                                rel=1e-9)
+    assert (g["achieved"] + g["left"]).sum() == pytest.approx(1.0)
+    assert 1e3 * g["run_kg"].sum() == pytest.approx(records[he.TARGET]["carbon_g"].sum())
+    assert g["queries"].sum() == len(paths)
+    assert g.set_index("kind").loc["first", "queries"] == (paths["turn"] == 0).sum()
+
+
 def test_bound_shares_with_the_capacity_priced_bound(tmp_path):
     # The priced bound (slots, KV memory and TTL put back) lies between the plain bound and the
     # best policy; every policy's share of its possible saving is at least its share of the
@@ -971,3 +1063,4 @@ def test_the_committed_told_and_gap_tables_follow_from_their_runs(grid):
         assert (f"Told all three, the later turns on ShareGPT still hold {s['told_later_paper']} "
                 f"points under the paper's memory rule and {s['told_later_ample']} with ample "
                 f"memory") in readme
+
