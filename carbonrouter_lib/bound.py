@@ -28,6 +28,9 @@ The relaxed model (each relaxation can only lower the carbon a path is charged):
    when a session has at most ``max_tracked`` candidate deployments; otherwise a deployment counts
    as served before once its region *and* its model have each been served (by any deployment) —
    a necessary condition, so more optimistic, still a bound, with a state of 2^(regions + models).
+   With ``returns=False`` such a deployment holds nothing (only the previous turn's may hold a
+   cache): a bound on every routing that drops the cache a session leaves behind, not on every
+   routing (docs/model.md §11.1).
 
 Dynamic programming over states (previous deployment, set of served deployments or regions)
 finds the optimal path of the relaxed model exactly (tested against brute force); the realized
@@ -230,6 +233,7 @@ def clairvoyant_bound(
     hold: np.ndarray | None = None,
     kv_pool: np.ndarray | None = None,
     ttl_s: float = math.inf,
+    returns: bool = True,
 ) -> pd.DataFrame:
     """The clairvoyant bound of every session of a prepared workload (module docstring).
 
@@ -255,6 +259,13 @@ def clairvoyant_bound(
         of a (region, model) is a candidate, not only the dominant one. ``ttl_s``: no cache
         survives a longer think time. The ``carbon_g`` written is the path's carbon without the
         prices; with prices the table also has ``held_tokens``, the cache each row reused.
+    returns
+        False: a deployment the session left holds nothing when the session comes back
+        (relaxation 5 off: only the previous turn's deployment may hold a cache). Not a bound on
+        every routing — a policy may return to a cache that survived — but on every routing
+        that drops the cache a session leaves behind (the horizon router with ``release=True``),
+        and the measure of how much of the plain bound's saving needs a second cache per session
+        kept across a hop.
 
     Returns
     -------
@@ -295,7 +306,8 @@ def clairvoyant_bound(
              alt, slot_col, kv_col, deps.e_in[alt].astype(np.float64),
              deps.e_cache[alt].astype(np.float64), deps.e_out[alt].astype(np.float64),
              x["new"], x["hist"], x["out"], max_tracked, np.ascontiguousarray(price),
-             np.ascontiguousarray(hold), float(ttl_s), dep, carbon, energy, ci_min, coarse, held)
+             np.ascontiguousarray(hold), float(ttl_s), bool(returns), dep, carbon, energy, ci_min,
+             coarse, held)
     starts, ends = x["starts"], x["ends"]
     bar = None
     if progress:
@@ -329,8 +341,8 @@ def clairvoyant_bound(
 @njit(cache=True)
 def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, span_hi, end_s,
                     grid, feasible_all, cand, region_c, model_c, alt_dep, alt_slot, alt_kv,
-                    ea_in, ea_cache, ea_out, new, hist, out, max_tracked, price, hold, ttl_s, dep,
-                    carbon, energy, ci_min, coarse, held):
+                    ea_in, ea_cache, ea_out, new, hist, out, max_tracked, price, hold, ttl_s,
+                    returns, dep, carbon, energy, ci_min, coarse, held):
     """The bound of the sessions [starts[q], ends[q]) (the loop of :func:`clairvoyant_bound`,
     compiled): writes each row's deployment, carbon, energy, intensity, tracking and the tokens
     of cache it reused (``held``); returns NaN, or the first time (s) the signal does not
@@ -338,7 +350,8 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
     bound) enter the DP's costs but not the carbon written: ``price`` (rows, slot pools) is
     added to the cost of serving a row in a pool, ``hold`` (rows, KV pools) × the tokens reused
     is the price of having kept that cache in its pool during the previous row's interval (a
-    row may recompute instead), and no cache survives a think time above ``ttl_s``.
+    row may recompute instead), and no cache survives a think time above ``ttl_s``; without
+    ``returns`` a deployment other than the previous turn's holds no cache.
 
     Candidate c stands for its (region, model); ``alt_dep[c]`` are the deployments it may use
     (−1 padded: one, the dominant GPU, for the plain bound; every GPU with prices), each with
@@ -447,7 +460,7 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
                     miss_full[k, u] = True
                 else:
                     c_full[k, u] = b_full
-                if expired or b_rev > b_none:
+                if expired or not returns or b_rev > b_none:
                     c_rev[k, u] = b_none
                     miss_rev[k, u] = True
                 else:
@@ -746,20 +759,23 @@ def capacity_priced_bound(
 # ---------------------------------------------------------------------------------------------
 
 def ensure_bound(workload_config: prepared.WorkloadConfig, simulation_config: SimulationConfig,
-                 cache_dir: str | os.PathLike | None = None, progress: bool = False
-                 ) -> pd.DataFrame:
-    """:func:`clairvoyant_bound` of a setting, cached as parquet (default
-    ``derived_dir()/bounds``, keyed by the workload, the setting and the code:
+                 cache_dir: str | os.PathLike | None = None, progress: bool = False,
+                 returns: bool = True) -> pd.DataFrame:
+    """:func:`clairvoyant_bound` of a setting (``returns``: its argument), cached as parquet
+    (default ``derived_dir()/bounds``, keyed by the workload, the setting and the code:
     :mod:`carbonrouter_lib.cache`)."""
     from carbonrouter_lib.datasets import derived_dir
 
     params = {"workload": workload_config.key(), "simulation": simulation_config.to_dict()}
+    if not returns:
+        params["returns"] = False
     entry = cache.entry("bound", params, "carbonrouter_lib.bound",
                         folder=cache_dir or derived_dir() / "bounds")
     if (hit := entry.load()) is not None:
         return hit[0]
     table = prepared.prepare_workload(workload_config)
-    return entry.save(clairvoyant_bound(table, simulation_config, progress=progress))
+    return entry.save(clairvoyant_bound(table, simulation_config, progress=progress,
+                                        returns=returns))
 
 
 def ensure_priced_bound(workload_config: prepared.WorkloadConfig,

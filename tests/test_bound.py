@@ -141,6 +141,64 @@ def test_bound_is_below_every_policy_on_random_traces(case, seed, max_tracked):
             assert b <= realized[s] * (1 + 1e-9) + 1e-15, (getattr(policy, "name", policy), s)
 
 
+
+class ReleasingRandom(RandomPolicy):
+    """A random routing that drops the cache a session leaves behind on every switch."""
+
+    name = "random-releasing"
+    releases_caches = True
+
+    def released(self, ctx, a):
+        return (ctx.prev,) if ctx.prev >= 0 and ctx.prev != a else ()
+
+
+class ReleasingGreedy(ReleasingRandom):
+    """CarbonRouter's one-turn proposal (least estimated carbon, caches priced) that drops the
+    cache a session leaves behind."""
+
+    name = "greedy-releasing"
+
+    def choose(self, ctx, cand):
+        c = np.where(cand.mask, cand.carbon, np.inf)
+        return int(np.argmin(c))
+
+
+@settings(max_examples=30, deadline=None)
+@given(workloads(), st.integers(0, 3))
+def test_the_bound_without_returns_is_below_every_routing_that_drops_the_caches_it_leaves(
+        case, seed):
+    # returns=False: a deployment the session left holds nothing. Above the plain bound, session
+    # by session, and below every replay whose policy drops the cache it leaves (a random one
+    # and the one-turn proposal), capacity rejections aside.
+    table, values, backend, _ = case
+    signal = make_signal(values)
+    plain = clairvoyant_bound(table, CONFIG, signal).groupby("session")["carbon_g"].sum()
+    paths = clairvoyant_bound(table, CONFIG, signal, returns=False)
+    no_return = paths.groupby("session")["carbon_g"].sum()
+    assert (plain <= no_return * (1 + 1e-12) + 1e-15).all()
+    for policy in (ReleasingRandom(seed), ReleasingGreedy(seed)):
+        rec = run(table, policy, values, backend).records
+        skip = set(capacity_rejected_sessions(rec, paths).tolist())
+        realized = rec.groupby("session")["carbon_g"].sum()
+        for s, b in no_return.items():
+            if s not in skip:
+                assert b <= realized[s] * (1 + 1e-9) + 1e-15, (policy.name, s)
+
+
+def test_the_bound_without_returns_charges_the_returns_of_the_plain_bounds_path():
+    # A small replay of the tuned setting: the plain bound's path returns to deployments it left
+    # (relaxation 5 charges them as cached); without returns such a row would pay a
+    # recomputation, and the bound rises.
+    from carbonrouter_lib import horizon_eval as he
+    from carbonrouter_lib.bound import ensure_bound
+
+    wcfg, scfg = he.setting(dict(he.TUNED), "unscaled", max_conversations=40)
+    plain = ensure_bound(wcfg, scfg)
+    without = ensure_bound(wcfg, scfg, returns=False)
+    assert (he.turn_kinds(plain) == "return").sum() > 0
+    assert without["carbon_g"].sum() > plain["carbon_g"].sum() * 1.01
+
+
 def test_bound_is_attained_when_staying_on_the_cleanest_region_is_optimal():
     # Region B is always 3x cleaner; ample capacity: the best routing serves every turn on B's
     # H100 and keeps the cache. CarbonRouter without gate does exactly that.
