@@ -1064,3 +1064,109 @@ def test_the_committed_told_and_gap_tables_follow_from_their_runs(grid):
                 f"points under the paper's memory rule and {s['told_later_ample']} with ample "
                 f"memory") in readme
 
+
+def _returns_spans(grid: str) -> dict[str, str]:
+    """The numbers the README and docs/model.md state of the bound's returns in ``grid``
+    (docs/evidence/horizon_returns_{grid}.csv)."""
+    g = pd.read_csv(EVIDENCE / f"horizon_returns_{grid}.csv")
+    per = g.groupby(list(he.SETTING)).first()
+    share = g[g["dataset"] == "sharegpt"]
+    later = share[share["kind"] != "first"].set_index([*he.SETTING, "kind"])
+    n = later.groupby(list(he.SETTING))[["queries", "router_queries"]].sum()
+    ret = share[share["kind"] == "return"].set_index(list(he.SETTING))
+    memory = ret.index.get_level_values("memory")
+    moon_all = g[g["dataset"] == "mooncake"]
+    n_moon = moon_all[moon_all["kind"] != "first"].groupby(list(he.SETTING))[["queries"]].sum()
+    moon_ret = moon_all[moon_all["kind"] == "return"].set_index(list(he.SETTING))
+
+    def span(x, scale=100, fmt=".0f"):
+        lo, hi = f"{scale * x.min():{fmt}}", f"{scale * x.max():{fmt}}"
+        return lo if lo == hi else f"{lo}–{hi}"
+
+    rise = per["bound_no_return_kg"] / per["bound_total_kg"] - 1
+    part = (per["bound_no_return_kg"] - per["bound_total_kg"]) / (
+        per["session_affinity_kg"] - per["bound_total_kg"])
+    moon = per.index.get_level_values("dataset") == "mooncake"
+    pm = per.index.get_level_values("memory")
+    out = {"bound_returns": span(ret["queries"] / n.loc[ret.index, "queries"]),
+           "other_model": span(ret["bound_other_model"], fmt=".1f"),
+           "moon_returns": span(moon_ret["queries"] / n_moon.loc[moon_ret.index, "queries"]),
+           "rise_share": span(rise[~moon]), "rise_moon": span(rise[moon], fmt=".1f"),
+           "no_return_70": str(int((per["share_no_return"] >= 0.7).sum())),
+           "no_return_70_moon": str(int((per["share_no_return"] >= 0.7)[moon].sum()))}
+    for mem, tag in (("paper", "paper"), ("paper x10", "ample")):
+        sel = memory == mem
+        r = ret[sel]
+        out[f"router_returns_{tag}"] = span(r["router_queries"] / n.loc[r.index, "router_queries"])
+        out[f"router_reused_{tag}"] = span(r["router_reused"])
+        out[f"left_{tag}"] = span(r["left"])
+        out[f"part_{tag}"] = span(part[~moon & (pm == mem)])
+        out[f"no_return_{tag}"] = span(per["share_no_return"][~moon & (pm == mem)])
+        out[f"share_{tag}"] = span(pd.read_csv(EVIDENCE / f"horizon_{grid}_bound.csv").query(
+            "policy == @he.TARGET and dataset == 'sharegpt' and memory == @mem")[
+            "share_of_possible_saving"])
+    return out
+
+
+@pytest.mark.parametrize("grid", ["full", "fresh"])
+def test_the_committed_returns_tables_follow_from_their_runs(grid):
+    # docs/evidence/horizon_returns_{grid}.csv (returns.py): the router's CO2 and the bound are
+    # the committed grid's to the last digit; by the bound's kinds the router's achieved parts sum
+    # to its committed share and achieved + left to 1; both paths number every query; the bound
+    # without returns lies above the bound and the share against it follows from the CO2s.
+    from carbonrouter_lib import bound
+
+    g = pd.read_csv(EVIDENCE / f"horizon_returns_{grid}.csv")
+    grid_b = pd.read_csv(EVIDENCE / f"horizon_{grid}_bound.csv")
+    mine = grid_b[grid_b["policy"] == he.TARGET].set_index(list(he.SETTING))
+    assert set(g["kind"]) == {*he.TURN_KINDS, "rejected"} and len(g) == 32 * 5
+    per = g.groupby(list(he.SETTING))
+    first = per.first()
+    assert (first["co2_kg"] == mine.loc[first.index, "co2_kg"]).all()
+    assert (first["bound_total_kg"] == mine.loc[first.index, "bound_kg"]).all()
+    assert (first["session_affinity_kg"] == mine.loc[first.index, "session_affinity_kg"]).all()
+    clean = first["n_sessions_excluded"] == 0
+    assert clean.sum() >= 28
+    np.testing.assert_allclose(per["achieved"].sum()[clean],
+                               mine.loc[first.index, "share_of_possible_saving"][clean], rtol=1e-9)
+    np.testing.assert_allclose((per["achieved"].sum() + per["left"].sum()), 1.0, rtol=1e-9)
+    assert (per["queries"].sum() == per["router_queries"].sum()).all()
+    assert (first["bound_no_return_kg"] > first["bound_total_kg"]).all()
+    for _, row in first.iterrows():
+        assert row["share_no_return"] == pytest.approx(bound.share_of_possible_saving(
+            row["session_affinity_kg"], row["co2_kg"], row["bound_no_return_kg"]), rel=1e-12)
+    # the router never finds a cache where it moves; the bound's returns on ShareGPT change the
+    # model (the README's reading: hops to a small model and back)
+    assert (g.loc[g["kind"] == "move", "router_reused"].fillna(0) == 0).all()
+    ret = g[(g["kind"] == "return") & (g["dataset"] == "sharegpt")]
+    assert (ret["bound_other_model"] > 0.99).all()
+
+
+def test_the_readme_and_the_model_document_state_the_returns():
+    f, r = _returns_spans("full"), _returns_spans("fresh")
+
+    def both(k, unit="%"):
+        return f"{f[k]}{unit} ({r[k]}{unit})"
+
+    readme = _readme_text()
+    assert (f"on ShareGPT the bound's path returns, in {both('bound_returns')} of its later turns, "
+            f"to a deployment the session left a turn or more before, {both('other_model')} of "
+            f"them on another model than the turn before") in readme
+    assert (f"The router returns in {both('router_returns_paper')} of its later turns under the "
+            f"paper's memory rule and finds {both('router_reused_paper')} of their history cached "
+            f"({both('router_returns_ample')} and {both('router_reused_ample')} with ample "
+            f"memory), and leaves {both('left_paper', '')} points of the possible saving on the "
+            f"bound's returns ({both('left_ample', '')})") in readme
+    assert (f"the bound rises by {both('rise_share')} on ShareGPT and {both('rise_moon')} on the "
+            f"Mooncake trace; against it the router reaches {both('no_return_paper')} on ShareGPT "
+            f"under the paper's memory rule and {both('no_return_ample')} with ample memory "
+            f"(against the plain bound {both('share_paper')} and {both('share_ample')}), ≥ 70% in "
+            f"{both('no_return_70', '')} of 32 settings") in readme
+    assert (f"{both('part_paper', '')} points of ShareGPT's possible saving under the paper's "
+            f"memory rule and {both('part_ample', '')} with ample memory") in readme
+    model = " ".join((EVIDENCE.parent / "model.md").read_text().split())
+    assert (f"Against that bound the router reaches {both('no_return_paper')} and "
+            f"{both('no_return_ample')} on ShareGPT (against the plain bound {both('share_paper')} "
+            f"and {both('share_ample')}), ≥ 70% in {both('no_return_70', '')} of the 32 settings "
+            f"({both('no_return_70_moon', '')} of them on the Mooncake trace)") in model
+    assert f"On the Mooncake trace {both('moon_returns')} of the later turns are returns" in model
