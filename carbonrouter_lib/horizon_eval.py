@@ -470,9 +470,8 @@ def gap_to_bound(records: pd.DataFrame, paths: pd.DataFrame, deployments: Deploy
 TURN_KINDS: tuple[str, ...] = ("first", "stay", "move", "return")
 
 
-def previous_served(records: pd.DataFrame) -> np.ndarray:
-    """The deployment of each query's session's latest earlier served turn (−1: none), aligned
-    with ``records``' rows (``session``, ``turn``, ``deployment``, any row order)."""
+def _path_steps(records: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(:func:`turn_kinds`, :func:`previous_served`) of a path, from one sort of its rows."""
     session = records["session"].to_numpy(np.int64)
     turn = records["turn"].to_numpy(np.int64)
     dep = records["deployment"].to_numpy(np.int64)
@@ -483,10 +482,23 @@ def previous_served(records: pd.DataFrame) -> np.ndarray:
     before = np.append(-1, last[:-1])
     ok = before >= 0
     ok[ok] = s[before[ok]] == s[ok]
-    prev = np.where(ok, d[np.maximum(before, 0)], -1)
-    out = np.empty(len(d), np.int64)
-    out[order] = prev
-    return out
+    prev = np.empty(len(d), np.int64)
+    prev[order] = np.where(ok, d[np.maximum(before, 0)], -1)
+    # served before: an earlier served row of the same session had this deployment
+    served = np.flatnonzero(d >= 0)
+    dup = np.zeros(len(d), bool)
+    dup[served] = pd.DataFrame({"s": s[served], "d": d[served]}).duplicated().to_numpy()
+    seen = np.empty(len(d), bool)
+    seen[order] = dup
+    kind = np.where(dep < 0, "rejected", np.where(turn == 0, "first", np.where(
+        dep == prev, "stay", np.where(seen, "return", "move")))).astype(object)
+    return kind, prev
+
+
+def previous_served(records: pd.DataFrame) -> np.ndarray:
+    """The deployment of each query's session's latest earlier served turn (−1: none), aligned
+    with ``records``' rows (``session``, ``turn``, ``deployment``, any row order)."""
+    return _path_steps(records)[1]
 
 
 def turn_kinds(records: pd.DataFrame) -> np.ndarray:
@@ -496,20 +508,7 @@ def turn_kinds(records: pd.DataFrame) -> np.ndarray:
     ``"return"`` (a deployment that served an earlier turn of the session, not the previous served
     one: where the bound's relaxation 5 charges the context up to turn k − 2 as cached), ``"move"``
     (a deployment the session had not used), ``"rejected"`` (deployment −1)."""
-    session = records["session"].to_numpy(np.int64)
-    turn = records["turn"].to_numpy(np.int64)
-    dep = records["deployment"].to_numpy(np.int64)
-    prev = previous_served(records)
-    order = np.lexsort((turn, session))
-    served = dep[order] >= 0
-    # served before: an earlier served row of the same session had this deployment
-    before = np.zeros(len(dep), bool)
-    before[np.flatnonzero(served)] = pd.DataFrame(
-        {"s": session[order][served], "d": dep[order][served]}).duplicated().to_numpy()
-    seen = np.empty(len(dep), bool)
-    seen[order] = before
-    return np.where(dep < 0, "rejected", np.where(turn == 0, "first", np.where(
-        dep == prev, "stay", np.where(seen, "return", "move")))).astype(object)
+    return _path_steps(records)[0]
 
 
 def gap_by_turn_kind(records: pd.DataFrame, paths: pd.DataFrame, reference: pd.DataFrame,
@@ -533,8 +532,8 @@ def gap_by_turn_kind(records: pd.DataFrame, paths: pd.DataFrame, reference: pd.D
     excluded = np.union1d(bound.capacity_rejected_sessions(records, paths),
                           bound.capacity_rejected_sessions(reference, paths))
     key = ["session", "turn"]
-    m = paths[[*key, "deployment", "carbon_g"]].assign(
-        kind=turn_kinds(paths), prev=previous_served(paths)).merge(
+    kind, prev = _path_steps(paths)
+    m = paths[[*key, "deployment", "carbon_g"]].assign(kind=kind, prev=prev).merge(
         records[[*key, "carbon_g", "cached_tokens", "history_tokens"]], on=key,
         suffixes=("_b", ""), validate="one_to_one").merge(
         reference[[*key, "carbon_g"]].rename(columns={"carbon_g": "carbon_g_ref"}), on=key,
@@ -553,13 +552,12 @@ def gap_by_turn_kind(records: pd.DataFrame, paths: pd.DataFrame, reference: pd.D
                      "run_reused": float(g["cached_tokens"].sum()) / hist if hist else np.nan,
                      "n_sessions_excluded": len(excluded)})
         if deployments is not None:
-            d, prev = g["deployment"].to_numpy(), g["prev"].to_numpy()
-            has = (d >= 0) & (prev >= 0)
-            for col, of in (("bound_other_model", deployments.model),
-                            ("bound_other_region", deployments.region)):
-                of = np.asarray(of)
-                rows[-1][col] = float((of[d[has]] != of[prev[has]]).mean()) if has.any() \
-                    else np.nan
+            d, p = g["deployment"].to_numpy(), g["prev"].to_numpy()
+            has = (d >= 0) & (p >= 0)
+            for col, of in (("bound_other_model", np.asarray(deployments.model)),
+                            ("bound_other_region", np.asarray(deployments.region))):
+                changed = of[d[has]] != of[p[has]]
+                rows[-1][col] = float(changed.mean()) if has.any() else np.nan
     return pd.DataFrame(rows)
 
 
