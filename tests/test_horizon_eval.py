@@ -1140,6 +1140,7 @@ def test_the_committed_returns_tables_follow_from_their_runs(grid):
     assert (g.loc[g["kind"] == "move", "router_reused"].fillna(0) == 0).all()
     ret = g[(g["kind"] == "return") & (g["dataset"] == "sharegpt")]
     assert (ret["bound_other_model"] > 0.99).all()
+    assert (ret["bound_other_region"] < 0.05).all()  # "alternates models in a region"
 
 
 def test_the_readme_and_the_model_document_state_the_returns():
