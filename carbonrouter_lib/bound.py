@@ -23,8 +23,12 @@ The relaxed model (each relaxation can only lower the carbon a path is charged):
    every cache at least as long and every energy at most as large); with the analytical profiles
    this keeps the H100 of each (region, model).
 5. **Caches of deployments other than the previous one**: a deployment served before is charged
-   as if it held the context up to turn k − 2 (the most it can hold when it did not serve turn
-   k − 1); one never served holds nothing (exact). Which deployments were served is tracked exactly
+   as if it held the longest post-turn context of turns 0 … k − 2 (the most it can hold when it
+   did not serve turn k − 1), of which turn k reuses at most its history N_hist, as the replay
+   does (min(cached, N_hist)); one never served holds nothing (exact). Where contexts grow turn by
+   turn (ShareGPT) that is the context up to turn k − 2; a Mooncake turn may keep less of the
+   previous context than that turn's whole context, and then turn k can reuse more of an older
+   cache than turn k − 1's history. Which deployments were served is tracked exactly
    when a session has at most ``max_tracked`` candidate deployments; otherwise a deployment counts
    as served before once its region *and* its model have each been served (by any deployment) —
    a necessary condition, so more optimistic, still a bound, with a state of 2^(regions + models).
@@ -391,6 +395,18 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
                     if grid[row, g] < v:
                         v = grid[row, g]
                 ci_w[k, g] = v
+        # The most a deployment the session left at turn k − 2 or before can give turn k: the
+        # replay reuses min(cached, N_hist) and a cache holds at most the post-turn context
+        # N_hist + N_new + N_out of the last turn served there (contexts need not grow: a
+        # Mooncake turn may keep less of the previous context than that turn's whole context).
+        n_m = new.shape[1]
+        h_ret = np.zeros((k_turns, n_m))
+        for m in range(n_m):
+            top = 0.0
+            for k in range(2, k_turns):
+                j = i0 + k - 2
+                top = max(top, hist[j, m] + new[j, m] + out[j, m])
+                h_ret[k, m] = min(top, hist[i0 + k, m])
         # the candidates some turn can use
         used = np.empty(n_c, np.int64)
         n_u = 0
@@ -427,8 +443,8 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
                 m = model_c[c]
                 feas[k, u] = feasible_all[i, cand[c]]
                 n_new, n_hist, n_out = new[i, m], hist[i, m], out[i, m]
-                # the context up to turn k − 2 is cached when c served before but not at k − 1
-                h_prev = hist[i - 1, m] if k > 0 else 0.0
+                # what a return reuses at most, when c served before but not at k − 1
+                h_prev = h_ret[k, m]
                 ci[k, u] = ci_w[k, region_c[c]]
                 # Each way of serving the turn on its cheapest deployment (with the prices: slot
                 # and, for a reused cache, its tokens held during the previous row's interval).
@@ -501,7 +517,7 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
                 held[i] = hist[i, m]
             elif seen & bit == bit and u != prev and not miss_rev[k, u]:
                 e, a = e_rev[k, u], d_rev[k, u]
-                held[i] = hist[i - 1, m]
+                held[i] = h_ret[k, m]
             else:
                 e, a = e_none[k, u], d_none[k, u]
             seen |= bit
@@ -608,7 +624,7 @@ def capacity_priced_bound(
     - a session holds its slot in the (region, GPU) pool p of turn k at least during
       I_k = [hi_k, lo_{k+1}) (:func:`_held_intervals`), and a pool has S slots;
     - a turn k that reuses a cache on a deployment — the previous turn's (its post-turn
-      context, the history H_k of turn k) or an earlier one's (at most H_{k−1}) — found it held
+      context, the history H_k of turn k) or an earlier one's (relaxation 5) — found it held
       in that deployment's KV pool q during I_{k−1}, and a pool holds M_q tokens
       (:func:`_kv_pools`: the (region, GPU) pools, or each deployment under the hardware rule);
     - no cache survives a think time above the TTL (a turn is sent a think time after the

@@ -506,8 +506,8 @@ def turn_kinds(records: pd.DataFrame) -> np.ndarray:
     ``deployment``, any row order) did, aligned with ``records``' rows: ``"first"`` (the
     session's turn 0), ``"stay"`` (the deployment of the session's previous served turn),
     ``"return"`` (a deployment that served an earlier turn of the session, not the previous served
-    one: where the bound's relaxation 5 charges the context up to turn k − 2 as cached), ``"move"``
-    (a deployment the session had not used), ``"rejected"`` (deployment −1)."""
+    one: where the bound's relaxation 5 charges the most a cache left at turn k − 2 or before can
+    give), ``"move"`` (a deployment the session had not used), ``"rejected"`` (deployment −1)."""
     return _path_steps(records)[0]
 
 
@@ -527,8 +527,9 @@ def gap_by_turn_kind(records: pd.DataFrame, paths: pd.DataFrame, reference: pd.D
     setting's ``deployments``, also ``bound_other_model`` and ``bound_other_region``: the share of
     the kind's queries on which the bound's path ran another model (region) than at the
     session's previous served turn. Where the bound returns to an older cache, its relaxations 1
-    and 5 charge the context up to turn k − 2 as cached whatever the other sessions did; the
-    replay keeps it only if no eviction or TTL took it meanwhile."""
+    and 5 charge the most a cache left at turn k − 2 or before can give (on ShareGPT the context up
+    to turn k − 2) whatever the other sessions did; the replay keeps it only if no eviction or TTL
+    took it meanwhile."""
     excluded = np.union1d(bound.capacity_rejected_sessions(records, paths),
                           bound.capacity_rejected_sessions(reference, paths))
     key = ["session", "turn"]

@@ -14,9 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_simulator import (
     AMPLE,
+    BIG,
     CONFIG,
     DEPS,
     POLICY_NAMES,
+    REGIONS,
     ci_grid,
     conversation,
     make_signal,
@@ -214,6 +216,27 @@ def test_bound_is_attained_when_staying_on_the_cleanest_region_is_optimal():
     assert (rec["deployment"] == h100_b).all()
 
 
+def test_a_return_may_reuse_more_than_the_previous_turns_history():
+    # Turn 1 keeps 1,000 of turn 0's 6,000-token context (a Mooncake turn may) and needs
+    # another model; turn 2 continues turn 1 (history 9,010) on the 70B again. The replay's
+    # cache on the 70B holds turn 0's 6,000 tokens and turn 2 reuses min(6,000, 9,010): more
+    # than turn 1's history, which relaxation 5 once took for the most a return can reuse (the
+    # bound was then above this replay). B is always cleaner: the bound is attained.
+    values = ci_grid(300, 100)
+    table = make_table([(0.0, [{"new": 5000, "out": 1000},
+                               {"hist": 1000, "new": 8000, "out": 10, "think": 60.0,
+                                "quality": (0.1, 0.1, 0.1, 0.9, 0.1)},
+                               {"new": 50, "out": 10, "think": 60.0}])])
+    assert prepared.model_matrix(table, "history_tokens")[:, BIG].tolist() == [0, 1000, 9010]
+    bound = clairvoyant_bound(table, CONFIG, make_signal(values))
+    rec = run(table, "carbonrouter-no-gate", values, AMPLE).records
+    assert rec["cached_tokens"].tolist() == [0, 0, 6000]
+    assert (DEPS.region[rec["deployment"]] == REGIONS.index("B")).all()
+    assert rec["deployment"].iloc[0] == rec["deployment"].iloc[2]
+    np.testing.assert_allclose(bound["carbon_g"].to_numpy(), rec["carbon_g"].to_numpy(),
+                               rtol=1e-12)
+
+
 def test_bound_uses_the_cleanest_intensity_a_dispatch_can_see():
     # A is cleaner only in the first 5 minutes. Turn 1 arrives after a 250 s think time plus
     # its service (about 1.5 s): a policy dispatches it after 300 s (A dirty) — but no earlier
@@ -381,7 +404,10 @@ def _reference_bound(table: pd.DataFrame, config, signal, max_tracked: int) -> p
         feas = feas_s[:, used]
         m, r = model_c[used], region_c[used]
         n_new, n_hist, n_out = new[i0:i1][:, m], hist[i0:i1][:, m], out[i0:i1][:, m]
-        h_prev = np.vstack([np.zeros((1, used.size)), n_hist[:-1]])
+        # a return reuses at most min(the longest context after turns 0 … k − 2, N_hist)
+        ctx = n_hist + n_new + n_out
+        older = np.vstack([np.zeros((2, used.size)), np.maximum.accumulate(ctx, axis=0)[:-2]])
+        h_prev = np.minimum(older[:k_turns], n_hist)
         ei, ec, eo = e_in[used], e_cache[used], e_out[used]
         e_none = cost.energy_kwh(ei, ec, eo, n_new, n_hist, 0.0, n_out)
         e_rev = cost.energy_kwh(ei, ec, eo, n_new, n_hist, h_prev, n_out)
@@ -420,6 +446,8 @@ def test_compiled_bound_equals_the_per_session_reference(case, max_tracked):
     got = clairvoyant_bound(table, CONFIG, signal, max_tracked=max_tracked)
     want = _reference_bound(table, CONFIG, signal, max_tracked)
     pd.testing.assert_frame_equal(got, want, check_exact=True)
+    # no turn is charged a negative recomputation (a return reuses at most its own history)
+    assert (got["energy_kwh"] >= 0).all()
 
 
 def test_share_of_possible_saving():

@@ -70,13 +70,16 @@ def make_table(sessions) -> pd.DataFrame:
     A turn is a dict with ``new`` and ``out`` tokens (scalar = same for every model, or one value
     per model in MODELS order), optional ``est`` (estimated output, default ``out``), ``think``
     (s after the previous response; ignored for the first turn) and ``quality`` (5 values,
-    default ONLY_70B). History of turn k = Σ_{j<k} (new_j + out_j), per model. Sessions are
-    numbered in list order; arrivals are T0 + offset.
+    default ONLY_70B). History of turn k = Σ_{j<k} (new_j + out_j), per model, unless the turn
+    gives ``hist`` (a turn that keeps only part of the previous context, as a Mooncake turn
+    may). Sessions are numbered in list order; arrivals are T0 + offset.
     """
     rows = []
     for s, (offset, turns) in enumerate(sessions):
         hist = np.zeros(len(MODELS))
         for k, t in enumerate(turns):
+            if "hist" in t:
+                hist = _per_model(t["hist"])
             new, out = _per_model(t["new"]), _per_model(t["out"])
             est = _per_model(t.get("est", t["out"]))
             q = _per_model(t.get("quality", ONLY_70B))
@@ -749,13 +752,19 @@ def workloads(draw):
     for _ in range(n_sessions):
         offset = draw(st.one_of(st.integers(0, 3600).map(float), st.floats(0, 3600)))
         turns = []
-        for _ in range(draw(st.integers(1, 4))):
+        context = np.zeros(len(MODELS))
+        for k in range(draw(st.integers(1, 4))):
+            # now and then a turn keeps only part of the previous context (as a Mooncake turn may)
+            keep = draw(st.one_of(st.none(), st.floats(0, 1))) if k > 0 else None
+            hist = context if keep is None else np.floor(keep * context)
             new = np.rint(draw(tokens) * model_factor)
             out = np.rint(draw(st.integers(0, 1500)) * model_factor)
             est = np.rint(draw(st.integers(0, 1500)) * model_factor)
             q = draw(st.lists(st.floats(0, 1), min_size=5, max_size=5))
             think = draw(st.floats(0, 1200))
-            turns.append({"new": new, "out": out, "est": est, "quality": q, "think": think})
+            turns.append({"hist": hist, "new": new, "out": out, "est": est, "quality": q,
+                          "think": think})
+            context = hist + new + out
         specs.append((offset, turns))
     table = make_table(specs)
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
