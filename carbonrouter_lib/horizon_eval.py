@@ -33,6 +33,7 @@ import pandas as pd
 
 from carbonrouter_lib import bound, prepared, replays, scale
 from carbonrouter_lib.deployments import Deployments
+from carbonrouter_lib.policies import Policy
 from carbonrouter_lib.replays import SEASONS
 from carbonrouter_lib.sweep import RunSpec
 
@@ -42,7 +43,7 @@ __all__ = ["TARGET", "ONLINE", "REFERENCE", "FORMER", "VARIANTS", "NOISE", "TUNE
            "variants_table", "bound_shares", "first_turn_split", "held_out", "with_ttft_slo",
            "TTFT_SLO_FROM", "NO_TTFT_SLO", "TTFT_SLO_DESIGNED_ON", "TOLD", "GAP_PARTS",
            "gap_to_bound", "TURN_KINDS", "turn_kinds", "previous_served",
-           "gap_by_turn_kind"]
+           "gap_by_turn_kind", "FollowPath"]
 
 #: The router evaluated (registry name; its defaults).
 TARGET = "carbonrouter-horizon"
@@ -560,6 +561,48 @@ def gap_by_turn_kind(records: pd.DataFrame, paths: pd.DataFrame, reference: pd.D
                 changed = of[d[has]] != of[p[has]]
                 rows[-1][col] = float(changed.mean()) if has.any() else np.nan
     return pd.DataFrame(rows)
+
+
+class FollowPath(Policy):
+    """The bound's path replayed: not an online policy (it reads the whole future through the
+    path), a reference for whether the bound's routing is one the replay can carry out.
+
+    Each query goes to the deployment the path (:func:`carbonrouter_lib.bound.clairvoyant_bound`'s
+    or :func:`~carbonrouter_lib.bound.capacity_priced_bound`'s ``records``, one row per query of
+    the replayed table) gave it when that deployment is a candidate (available, feasible, within
+    the TTFT bound); else the least-carbon candidate of the same (region, model), another GPU;
+    else the least-carbon candidate. ``followed``, ``same_region_model`` and ``other`` count the
+    queries each way went (the path's rejected queries, deployment −1, count as ``other``)."""
+
+    name = "follow-path"
+
+    def __init__(self, paths: pd.DataFrame) -> None:
+        turn = paths["turn"].to_numpy(np.int64)
+        first = np.flatnonzero(turn == 0)
+        session = paths["session"].to_numpy(np.int64)[first]
+        if len(np.unique(session)) != len(first) or not np.array_equal(
+                np.diff(np.append(first, len(turn))), paths["n_turns"].to_numpy(np.int64)[first]):
+            raise ValueError("FollowPath: paths must hold each session's turns 0 … K − 1 in order, "
+                             "grouped by session (as clairvoyant_bound writes them)")
+        self._row0 = dict(zip(session.tolist(), first.tolist(), strict=True))
+        self._dep = paths["deployment"].to_numpy(np.int64)
+        self.followed = self.same_region_model = self.other = 0
+
+    def choose(self, ctx, cand) -> int:
+        a = int(self._dep[self._row0[ctx.session] + ctx.turn])
+        mask = cand.mask
+        if a >= 0 and mask[a]:
+            self.followed += 1
+            return a
+        d = ctx.deployments
+        pick = np.flatnonzero(mask)
+        if a >= 0:
+            same = pick[(d.region[pick] == d.region[a]) & (d.model[pick] == d.model[a])]
+            if same.size:
+                self.same_region_model += 1
+                return int(same[np.argmin(cand.carbon[same])])
+        self.other += 1
+        return int(pick[np.argmin(cand.carbon[pick])])
 
 
 def first_turn_split(records_by_policy: Mapping[str, pd.DataFrame]) -> pd.DataFrame:

@@ -223,10 +223,7 @@ def test_a_return_may_reuse_more_than_the_previous_turns_history():
     # than turn 1's history, which relaxation 5 once took for the most a return can reuse (the
     # bound was then above this replay). B is always cleaner: the bound is attained.
     values = ci_grid(300, 100)
-    table = make_table([(0.0, [{"new": 5000, "out": 1000},
-                               {"hist": 1000, "new": 8000, "out": 10, "think": 60.0,
-                                "quality": (0.1, 0.1, 0.1, 0.9, 0.1)},
-                               {"new": 50, "out": 10, "think": 60.0}])])
+    table = _return_session()
     assert prepared.model_matrix(table, "history_tokens")[:, BIG].tolist() == [0, 1000, 9010]
     bound = clairvoyant_bound(table, CONFIG, make_signal(values))
     rec = run(table, "carbonrouter-no-gate", values, AMPLE).records
@@ -235,6 +232,52 @@ def test_a_return_may_reuse_more_than_the_previous_turns_history():
     assert rec["deployment"].iloc[0] == rec["deployment"].iloc[2]
     np.testing.assert_allclose(bound["carbon_g"].to_numpy(), rec["carbon_g"].to_numpy(),
                                rtol=1e-12)
+
+
+def _return_session():
+    return make_table([(0.0, [{"new": 5000, "out": 1000},
+                              {"hist": 1000, "new": 8000, "out": 10, "think": 60.0,
+                               "quality": (0.1, 0.1, 0.1, 0.9, 0.1)},
+                              {"new": 50, "out": 10, "think": 60.0}])])
+
+
+def test_following_the_bounds_path_attains_it_where_the_replay_can_carry_it_out():
+    # The session above: its bound path hops to another model and returns to the 70B's cache;
+    # with ample capacity the replay carries the path out and emits exactly the bound.
+    from carbonrouter_lib.horizon_eval import FollowPath
+
+    values = ci_grid(300, 100)
+    table = _return_session()
+    bound = clairvoyant_bound(table, CONFIG, make_signal(values))
+    policy = FollowPath(bound)
+    rec = run(table, policy, values, AMPLE).records
+    assert (policy.followed, policy.same_region_model, policy.other) == (3, 0, 0)
+    assert rec["deployment"].tolist() == bound["deployment"].tolist()
+    np.testing.assert_allclose(rec["carbon_g"], bound["carbon_g"], rtol=1e-12)
+
+
+def test_following_the_bounds_path_takes_another_gpu_where_its_pool_is_full():
+    # Two overlapping sessions planned on B's 70B H100, one slot per pool: the second session
+    # holds no slot there and takes the least-carbon other GPU of the same (region, model).
+    from carbonrouter_lib.backend import BackendConfig
+    from carbonrouter_lib.horizon_eval import FollowPath
+
+    values = ci_grid(300, 100)
+    table = make_table([conversation(0.0, 3, new=900, out=200, think=240.0),
+                        conversation(30.0, 2, new=900, out=200, think=240.0)])
+    bound = clairvoyant_bound(table, CONFIG, make_signal(values))
+    h100_b = DEPS.index("Llama-3.1-70B", "H100", "B")
+    assert (bound["deployment"] == h100_b).all()
+    policy = FollowPath(bound)
+    one_slot = BackendConfig(slots_per_pool=1, kv_tokens_per_pool=1e12, ttl_s=math.inf)
+    rec = run(table, policy, values, one_slot).records
+    assert (policy.followed, policy.same_region_model, policy.other) == (3, 2, 0)
+    second = rec[rec["session"] == 1]["deployment"].to_numpy()
+    assert (DEPS.region[second] == REGIONS.index("B")).all()
+    assert (DEPS.model[second] == BIG).all() and (second != h100_b).all()
+    assert rec["carbon_g"].sum() > bound["carbon_g"].sum()
+    with pytest.raises(ValueError, match="FollowPath"):
+        FollowPath(bound.iloc[::-1])
 
 
 def test_bound_uses_the_cleanest_intensity_a_dispatch_can_see():

@@ -1268,3 +1268,68 @@ def test_the_return_credit_tables_follow_from_the_committed_bounds():
             f"{r['fell']:.1f}%, and the bound rises by {f['lo']:.3f}–{f['hi']:.3f}% in the full "
             f"grid ({r['lo']:.3f}–{r['hi']:.3f}% in the fresh weeks)") in model
     assert f"higher by at most {f['pts']:.3f} points ({r['pts']:.3f})" in model
+
+
+def test_the_followed_paths_table_follows_from_its_runs():
+    # docs/evidence/follow_path.py: the router's and Session-Affinity's rows are the full grid's
+    # runs, the plain bound the current one (the committed bound on ShareGPT, the corrected one on
+    # the Mooncake trace), the shares follow from the table's own columns, and the followed,
+    # other-GPU and elsewhere shares of a followed path add up to 1.
+    from carbonrouter_lib import bound
+
+    t = pd.read_csv(EVIDENCE / "horizon_follow_path.csv")
+    full = pd.read_csv(EVIDENCE / "horizon_full_bound.csv").set_index([*he.SETTING, "policy"])
+    now = pd.read_csv(EVIDENCE / "horizon_return_credit_full.csv").set_index(list(he.SETTING))
+    assert len(t) == 12
+    for st, g in t.groupby(list(he.SETTING), sort=False):
+        g = g.set_index("policy")
+        assert g["bound_kg"].nunique() == 1
+        assert g["bound_kg"].iloc[0] == pytest.approx(now.loc[st, "bound_kg"], rel=1e-12)
+        for p in ("session-affinity", he.TARGET):
+            assert g.loc[p, "co2_kg"] == pytest.approx(full.loc[(*st, p), "co2_kg"], rel=1e-12)
+        sa = g.loc["session-affinity", "co2_kg"]
+        for _, row in g.iterrows():
+            assert row["share_of_possible_saving"] == pytest.approx(
+                bound.share_of_possible_saving(sa, row["co2_kg"], row["bound_kg"]), rel=1e-12)
+        paths = g.loc[g.index.str.contains("path")]
+        assert len(paths) == 2
+        np.testing.assert_allclose(paths[["followed", "same_region_model", "other"]].sum(axis=1),
+                                   1.0, rtol=1e-12)
+        priced = g.loc["the priced bound's path", "path_bound_kg"]
+        assert g["bound_kg"].iloc[0] <= priced < g.loc[he.TARGET, "co2_kg"]
+
+
+def test_the_readme_and_the_model_document_state_the_followed_paths():
+    t = pd.read_csv(EVIDENCE / "horizon_follow_path.csv")
+    order = [("sharegpt", "paper"), ("sharegpt", "paper x10"), ("mooncake", "paper")]
+    t = t.set_index(["dataset", "memory", "policy"])
+    plain, priced = "the plain bound's path", "the priced bound's path"
+
+    def pct(x):
+        return f"{100 * x:.0f}"
+
+    def span(policy):
+        v = [t.loc[(*o, policy), "followed"] for o in order]
+        return f"{pct(min(v))}–{pct(max(v))}%"
+
+    share = {p: [pct(t.loc[(*o, p), "share_of_possible_saving"]) for o in order]
+             for p in (plain, priced, he.TARGET)}
+    assert all(t.loc[(*order[0], p), "share_of_possible_saving"] < 0 for p in (plain, priced))
+    readme = _readme_text()
+    assert (f"only {span(plain)} of the queries can go where the plain bound's path says "
+            f"({span(priced)} for the capacity-priced bound's path)") in readme
+    assert (f"(shares of the possible saving {share[plain][0]}% and {share[priced][0]}%), with "
+            f"ample memory they reach {share[plain][1]}% and {share[priced][1]}%, on the Mooncake "
+            f"trace {share[plain][2]}% and {share[priced][2]}%, against the router's "
+            f"{share[he.TARGET][0]}%, {share[he.TARGET][1]}% and {share[he.TARGET][2]}%") in readme
+    model = " ".join((EVIDENCE.parent / "model.md").read_text().split())
+    hit = [f"{t.loc[(*order[0], p), 'kv_hit_rate']:.2f}" for p in (plain, priced, he.TARGET)]
+    assert (f"only {span(plain)} of the queries can go where the plain bound's path says and "
+            f"{span(priced)} where the capacity-priced bound's path says") in model
+    r = share[he.TARGET]
+    assert (f"The followed paths reach {share[plain][0]}% and {share[priced][0]}% of the "
+            f"possible saving at the tuned setting (more CO2 than Session-Affinity; KV hit rate "
+            f"{hit[0]} and {hit[1]} against the router's {hit[2]}), {share[plain][1]}% and "
+            f"{share[priced][1]}% with ample memory and {share[plain][2]}% and "
+            f"{share[priced][2]}% on the Mooncake trace, against the router's {r[0]}%, {r[1]}% "
+            f"and {r[2]}%") in model
