@@ -262,7 +262,8 @@ def clairvoyant_bound(
         during the previous row's interval (a row may recompute instead). With them, every GPU
         of a (region, model) is a candidate, not only the dominant one. ``ttl_s``: no cache
         survives a longer think time. The ``carbon_g`` written is the path's carbon without the
-        prices; with prices the table also has ``held_tokens``, the cache each row reused.
+        prices; with prices the table also has ``held_tokens``, the cache each row reused, and
+        ``returned``, whether that cache was one the session left before the previous turn.
     returns
         False: a deployment the session left holds nothing when the session comes back
         (relaxation 5 off: only the previous turn's deployment may hold a cache). Not a bound on
@@ -303,6 +304,7 @@ def clairvoyant_bound(
     carbon, energy, ci_min = np.empty(n), np.empty(n), np.empty(n)
     coarse = np.zeros(n, np.bool_)  # "region+model" tracking
     held = np.zeros(n)
+    ret = np.zeros(n, np.bool_)
     span_lo, span_hi = signal._span_s
     fixed = (x["arrival"], x["think"], x["max_service"], signal._t_s, float(span_lo),
              float(span_hi), float(x["end_s"]), x["grid"], np.ascontiguousarray(x["feasible"]),
@@ -311,7 +313,7 @@ def clairvoyant_bound(
              deps.e_cache[alt].astype(np.float64), deps.e_out[alt].astype(np.float64),
              x["new"], x["hist"], x["out"], max_tracked, np.ascontiguousarray(price),
              np.ascontiguousarray(hold), float(ttl_s), bool(returns), dep, carbon, energy, ci_min,
-             coarse, held)
+             coarse, held, ret)
     starts, ends = x["starts"], x["ends"]
     bar = None
     if progress:
@@ -339,6 +341,7 @@ def clairvoyant_bound(
                         "tracking": np.where(coarse, "region+model", "deployment")})
     if kv_pool is not None:  # the cache each row reused: what it kept held, tokens
         out["held_tokens"] = held
+        out["returned"] = ret
     return out
 
 
@@ -346,15 +349,18 @@ def clairvoyant_bound(
 def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, span_hi, end_s,
                     grid, feasible_all, cand, region_c, model_c, alt_dep, alt_slot, alt_kv,
                     ea_in, ea_cache, ea_out, new, hist, out, max_tracked, price, hold, ttl_s,
-                    returns, dep, carbon, energy, ci_min, coarse, held):
+                    returns, dep, carbon, energy, ci_min, coarse, held, ret):
     """The bound of the sessions [starts[q], ends[q]) (the loop of :func:`clairvoyant_bound`,
     compiled): writes each row's deployment, carbon, energy, intensity, tracking and the tokens
-    of cache it reused (``held``); returns NaN, or the first time (s) the signal does not
+    of cache it reused (``held``) and whether it returned to a deployment served before the
+    previous turn (``ret``); returns NaN, or the first time (s) the signal does not
     cover. The prices of :func:`capacity_priced_bound` (zeros and ``ttl_s`` = inf: the plain
     bound) enter the DP's costs but not the carbon written: ``price`` (rows, slot pools) is
     added to the cost of serving a row in a pool, ``hold`` (rows, KV pools) × the tokens reused
     is the price of having kept that cache in its pool during the previous row's interval (a
-    row may recompute instead), and no cache survives a think time above ``ttl_s``; without
+    return: also the interval before, the previous row's ``hold``; a row may recompute
+    instead), and no cache survives a think time above ``ttl_s`` (a return's: the two think
+    times since turn k − 2's completion); without
     ``returns`` a deployment other than the previous turn's holds no cache.
 
     Candidate c stands for its (region, model); ``alt_dep[c]`` are the deployments it may use
@@ -438,6 +444,8 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
         for k in range(k_turns):
             i = i0 + k
             expired = k > 0 and think[i] > ttl_s  # every cache expired during the think time
+            # a cache left at turn k − 2 or before has been idle at least the two think times
+            expired_r = k > 1 and think[i] + think[i - 1] > ttl_s
             for u in range(n_u):
                 c = used[u]
                 m = model_c[c]
@@ -459,10 +467,13 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
                     ef = ei * n_new + ec * n_hist + eo * n_out
                     pr = price[i, alt_slot[c, g]]
                     mu = hold[i, alt_kv[c, g]]
+                    # a return's cache was held since turn k − 2 at the latest: the interval
+                    # before the previous one too
+                    mu_r = mu + hold[i - 1, alt_kv[c, g]] if k > 1 else mu
                     v = ci[k, u] * en + pr
                     if v < b_none:
                         b_none, e_none[k, u], d_none[k, u] = v, en, a
-                    v = ci[k, u] * er + pr + mu * h_prev
+                    v = ci[k, u] * er + pr + mu_r * h_prev
                     if v < b_rev:
                         b_rev, e_rev[k, u], d_rev[k, u] = v, er, a
                     v = ci[k, u] * ef + pr + mu * n_hist
@@ -476,7 +487,7 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
                     miss_full[k, u] = True
                 else:
                     c_full[k, u] = b_full
-                if expired or not returns or b_rev > b_none:
+                if expired_r or not returns or b_rev > b_none:
                     c_rev[k, u] = b_none
                     miss_rev[k, u] = True
                 else:
@@ -507,6 +518,7 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
             coarse[i] = is_coarse
             u = path[k]
             held[i] = 0.0
+            ret[i] = False
             if u < 0:
                 dep[i], carbon[i], energy[i], ci_min[i] = -1, 0.0, 0.0, math.nan
                 continue
@@ -518,6 +530,7 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
             elif seen & bit == bit and u != prev and not miss_rev[k, u]:
                 e, a = e_rev[k, u], d_rev[k, u]
                 held[i] = h_ret[k, m]
+                ret[i] = True
             else:
                 e, a = e_none[k, u], d_none[k, u]
             seen |= bit
@@ -625,16 +638,19 @@ def capacity_priced_bound(
       I_k = [hi_k, lo_{k+1}) (:func:`_held_intervals`), and a pool has S slots;
     - a turn k that reuses a cache on a deployment — the previous turn's (its post-turn
       context, the history H_k of turn k) or an earlier one's (relaxation 5) — found it held
-      in that deployment's KV pool q during I_{k−1}, and a pool holds M_q tokens
-      (:func:`_kv_pools`: the (region, GPU) pools, or each deployment under the hardware rule);
+      in that deployment's KV pool q during I_{k−1}, a return during I_{k−2} too (it was
+      written at turn k − 2 or before), and a pool holds M_q tokens (:func:`_kv_pools`: the
+      (region, GPU) pools, or each deployment under the hardware rule);
     - no cache survives a think time above the TTL (a turn is sent a think time after the
-      previous completion; exact, not a relaxation).
+      previous completion; exact, not a relaxation), and a return's cache not the two think
+      times since turn k − 2's completion (it has been idle at least that long).
 
     Summed over buckets of time b, every capacity-feasible routing x has slot occupancy
     occ_{p,b}(x) ≤ S·|b| and memory use mem_{q,b}(x) ≤ M_q·|b|. For prices λ, μ ≥ 0,
 
         L(λ, μ) = Σ_s min_path [C_s(path) + Σ_k ∫_{I_k} λ_{p(k)} / S
-                                + Σ_k L_k ∫_{I_{k−1}} μ_{q(k)} / M_q]
+                                + Σ_k L_k ∫_{I_{k−1}} μ_{q(k)} / M_q
+                                + Σ_{k a return} L_k ∫_{I_{k−2}} μ_{q(k)} / M_q]
                   − Σ_{p,b} λ_{p,b}·|b| − Σ_{q,b} μ_{q,b}·|b|
 
     (L_k the cache tokens turn k reuses) is at most the carbon of every such x: x's path with
@@ -691,9 +707,13 @@ def capacity_priced_bound(
     t0, t1 = np.empty(n), np.empty(n)
     _held_intervals(x["starts"], x["ends"], x["arrival"], x["think"], x["max_service"], t0, t1)
     first = table["turn"].to_numpy() == 0
-    # the interval during which the previous turn's cache is held, per row (empty at turn 0)
+    # the interval during which the previous turn's cache is held, per row (empty at turn 0),
+    # and the one before it, when a return's cache was held too (empty at turns 0 and 1)
     p0 = np.where(first, 0.0, np.roll(t0, 1))
     p1 = np.where(first, 0.0, np.roll(t1, 1))
+    early = first | np.roll(first, 1)
+    pp0 = np.where(early, 0.0, np.roll(t0, 2))
+    pp1 = np.where(early, 0.0, np.roll(t1, 2))
     origin = float(t0.min())
     n_b = max(1, math.ceil((float(t1.max()) - origin) / bucket_s))
     width = np.full(n_b, bucket_s)
@@ -713,13 +733,16 @@ def capacity_priced_bound(
         a = rec["deployment"].to_numpy()
         sp, kp = slot_of[a], kv_of[a]
         h = rec["held_tokens"].to_numpy()
+        back = rec["returned"].to_numpy()
         rows = np.arange(n)
         paid = np.where(a >= 0, price[rows, np.maximum(sp, 0)]
                         + hold[rows, np.maximum(kp, 0)] * h, 0.0)
+        paid += np.where(back, hold[np.maximum(rows - 1, 0), np.maximum(kp, 0)] * h, 0.0)
         occ = np.zeros((len(slots), n_b))
         mem = np.zeros((len(kv), n_b))
         _bucket_overlap(t0, t1, sp, ones, origin, bucket_s, occ)
         _bucket_overlap(p0, p1, kp, h, origin, bucket_s, mem)
+        _bucket_overlap(pp0, pp1, np.where(back, kp, -1), h, origin, bucket_s, mem)
         value = float(rec["carbon_g"].sum() + paid.sum() - (lam * width).sum()
                       - (mu * width).sum())
         # normalized use minus capacity, per bucket: (use / capacity − 1)·|b|

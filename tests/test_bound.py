@@ -542,7 +542,8 @@ def test_the_priced_bound_at_zero_prices_is_the_plain_bound():
                                    iterations=0)
     assert priced["bound_g"] == priced["ttl_g"] == priced["plain_g"]
     assert priced["plain_g"] == pytest.approx(plain["carbon_g"].sum(), rel=1e-12)
-    pd.testing.assert_frame_equal(priced["records"].drop(columns=["price_g", "held_tokens"]),
+    pd.testing.assert_frame_equal(priced["records"].drop(columns=["price_g", "held_tokens",
+                                                                  "returned"]),
                                   plain)
     assert (priced["records"]["price_g"] == 0).all()
     # the cache each row reused is the one its energy implies (Eq. 4 solved for L)
@@ -633,3 +634,25 @@ def test_kv_memory_lifts_the_bound_where_caches_cannot_all_be_kept():
     assert lo < best and priced["bound_g"] <= best * (1 + 1e-9)
     assert priced["bound_g"] - lo >= 0.3 * (best - lo)
     assert priced["history"]["kv_excess"].iloc[0] > 0.3  # the plain paths hold far too much
+
+
+@pytest.mark.parametrize("ttl_s", [100.0, 1000.0])
+def test_a_returns_cache_expires_over_the_two_think_times_since_it_was_left(ttl_s):
+    # The session that hops to another model and returns to the 70B (think times 60 s each):
+    # with a 100-s TTL the 70B's cache, idle since turn 0's completion for both think times and
+    # turn 1's service, has expired when turn 2 comes back, though neither think time alone
+    # exceeds the TTL. The priced bound (the TTL exact) charges the return a recomputation and
+    # equals the replay; with a 1,000-s TTL the cache survives and the bound credits it.
+    from carbonrouter_lib.backend import BackendConfig
+
+    values = ci_grid(300, 100)
+    table = _return_session()
+    backend = BackendConfig(slots_per_pool=8, kv_tokens_per_pool=1e12, ttl_s=ttl_s)
+    rec = run(table, "carbonrouter-no-gate", values, backend).records
+    expired = ttl_s < 120
+    assert rec["cached_tokens"].tolist() == [0, 0, 0 if expired else 6000]
+    priced = capacity_priced_bound(table, CONFIG, make_signal(values), backend,
+                                   upper_g=float(rec["carbon_g"].sum()), iterations=0)
+    assert priced["records"]["returned"].tolist() == [False, False, not expired]
+    assert priced["bound_g"] == pytest.approx(rec["carbon_g"].sum(), rel=1e-12)
+    assert (priced["plain_g"] < priced["bound_g"] * (1 - 1e-3)) == expired

@@ -1333,3 +1333,15 @@ def test_the_readme_and_the_model_document_state_the_followed_paths():
             f"{share[priced][1]}% with ample memory and {share[plain][2]}% and "
             f"{share[priced][2]}% on the Mooncake trace, against the router's {r[0]}%, {r[1]}% "
             f"and {r[2]}%") in model
+
+
+def test_the_model_document_states_the_priced_bound_after_the_return_hold():
+    # docs/model.md 11.1: the priced bound with a return's hold and TTL is the followed-paths
+    # table's priced path bound (the values before come from the code before the change).
+    t = pd.read_csv(EVIDENCE / "horizon_follow_path.csv")
+    kg = t[t["policy"] == "the priced bound's path"].set_index(["dataset", "memory"])[
+        "path_bound_kg"]
+    model = " ".join((EVIDENCE.parent / "model.md").read_text().split())
+    assert f"(13.505 → {kg['sharegpt', 'paper']:.3f} kg)" in model
+    assert f"(13.540 → {kg['sharegpt', 'paper x10']:.3f})" in model
+    assert f"(154.885 → {kg['mooncake', 'paper']:.3f};" in model
