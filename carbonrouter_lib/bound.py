@@ -63,7 +63,7 @@ from carbonrouter_lib.setting import SimulationConfig
 
 __all__ = ["bound_candidates", "bound_comparison", "capacity_priced_bound",
            "capacity_rejected_sessions", "clairvoyant_bound", "ensure_bound",
-           "ensure_priced_bound", "session_bound_dp"]
+           "ensure_priced_bound", "return_credit", "session_bound_dp"]
 
 def bound_candidates(deps: Deployments) -> np.ndarray:
     """Deployment indices kept by relaxation 4: per (region, model), the GPUs not dominated by
@@ -194,9 +194,24 @@ def session_bound_dp(
     return total, path, kind
 
 
+def return_credit(new: np.ndarray, hist: np.ndarray, out: np.ndarray,
+                  turn: np.ndarray) -> np.ndarray:
+    """Relaxation 5's credit, tokens per row and model (the arrays of a prepared workload, rows
+    grouped by session in turn order): the most a turn k can reuse of a cache the session left at
+    turn k − 2 or before, min(max_{j ≤ k−2} (N_hist + N_new + N_out)_j, N_hist(k)); 0 at turns 0
+    and 1. The replay reuses min(cached, N_hist), and a cache holds at most the post-turn context
+    of the last turn served there. Contexts need not grow: a Mooncake turn may keep less of the
+    previous context than that turn's whole context, so this can exceed N_hist(k − 1)."""
+    context = pd.DataFrame(hist + new + out)
+    longest = context.groupby(np.cumsum(turn == 0)).cummax().to_numpy()
+    later = (turn >= 2)[:, None]
+    return np.where(later, np.minimum(np.roll(longest, 2, axis=0), hist), 0.0)
+
+
 def _bound_inputs(table: pd.DataFrame, config: SimulationConfig, signal: CarbonSignal
                   ) -> dict[str, np.ndarray | float]:
-    """What the bound's session loop reads: tokens per model (new, hist, out), the feasible
+    """What the bound's session loop reads: tokens per model (new, hist, out, the return credit
+    :func:`return_credit`), the feasible
     deployments of each query (quality ∧ context window, no TTFT), arrivals, think times, each
     query's longest possible service (s), the sessions' row ranges, the signal's grid and end."""
     deps = config.deployments()
@@ -219,7 +234,8 @@ def _bound_inputs(table: pd.DataFrame, config: SimulationConfig, signal: CarbonS
     serve = cost.service_time_s(new[:, m_of], hist[:, m_of], 0.0, out[:, m_of], deps.v_pre,
                                 deps.v_dec)
     grid = signal.frame.to_numpy(np.float64)
-    return {"new": new, "hist": hist, "out": out, "feasible": feasible,
+    return {"new": new, "hist": hist, "out": out, "credit": return_credit(new, hist, out, turn),
+            "feasible": feasible,
             "arrival": table["arrival_s"].to_numpy(np.float64),
             "think": table["think_s"].to_numpy(np.float64),
             "max_service": np.where(feasible, serve, 0.0).max(axis=1),
@@ -311,7 +327,7 @@ def clairvoyant_bound(
              cand, deps.region[cand].astype(np.int64), deps.model[cand].astype(np.int64),
              alt, slot_col, kv_col, deps.e_in[alt].astype(np.float64),
              deps.e_cache[alt].astype(np.float64), deps.e_out[alt].astype(np.float64),
-             x["new"], x["hist"], x["out"], max_tracked, np.ascontiguousarray(price),
+             x["new"], x["hist"], x["out"], x["credit"], max_tracked, np.ascontiguousarray(price),
              np.ascontiguousarray(hold), float(ttl_s), bool(returns), dep, carbon, energy, ci_min,
              coarse, held, ret)
     starts, ends = x["starts"], x["ends"]
@@ -348,7 +364,8 @@ def clairvoyant_bound(
 @njit(cache=True)
 def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, span_hi, end_s,
                     grid, feasible_all, cand, region_c, model_c, alt_dep, alt_slot, alt_kv,
-                    ea_in, ea_cache, ea_out, new, hist, out, max_tracked, price, hold, ttl_s,
+                    ea_in, ea_cache, ea_out, new, hist, out, credit, max_tracked, price, hold,
+                    ttl_s,
                     returns, dep, carbon, energy, ci_min, coarse, held, ret):
     """The bound of the sessions [starts[q], ends[q]) (the loop of :func:`clairvoyant_bound`,
     compiled): writes each row's deployment, carbon, energy, intensity, tracking and the tokens
@@ -401,18 +418,6 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
                     if grid[row, g] < v:
                         v = grid[row, g]
                 ci_w[k, g] = v
-        # The most a deployment the session left at turn k − 2 or before can give turn k: the
-        # replay reuses min(cached, N_hist) and a cache holds at most the post-turn context
-        # N_hist + N_new + N_out of the last turn served there (contexts need not grow: a
-        # Mooncake turn may keep less of the previous context than that turn's whole context).
-        n_m = new.shape[1]
-        h_ret = np.zeros((k_turns, n_m))
-        for m in range(n_m):
-            top = 0.0
-            for k in range(2, k_turns):
-                j = i0 + k - 2
-                top = max(top, hist[j, m] + new[j, m] + out[j, m])
-                h_ret[k, m] = min(top, hist[i0 + k, m])
         # the candidates some turn can use
         used = np.empty(n_c, np.int64)
         n_u = 0
@@ -452,7 +457,7 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
                 feas[k, u] = feasible_all[i, cand[c]]
                 n_new, n_hist, n_out = new[i, m], hist[i, m], out[i, m]
                 # what a return reuses at most, when c served before but not at k − 1
-                h_prev = h_ret[k, m]
+                h_prev = credit[i, m]
                 ci[k, u] = ci_w[k, region_c[c]]
                 # Each way of serving the turn on its cheapest deployment (with the prices: slot
                 # and, for a reused cache, its tokens held during the previous row's interval).
@@ -529,7 +534,7 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
                 held[i] = hist[i, m]
             elif seen & bit == bit and u != prev and not miss_rev[k, u]:
                 e, a = e_rev[k, u], d_rev[k, u]
-                held[i] = h_ret[k, m]
+                held[i] = credit[i, m]
                 ret[i] = True
             else:
                 e, a = e_none[k, u], d_none[k, u]

@@ -594,15 +594,14 @@ class FollowPath(Policy):
         if a >= 0 and mask[a]:
             self.followed += 1
             return a
-        d = ctx.deployments
-        pick = np.flatnonzero(mask)
         if a >= 0:
-            same = pick[(d.region[pick] == d.region[a]) & (d.model[pick] == d.model[a])]
+            d = ctx.deployments
+            same = np.flatnonzero(mask & (d.region == d.region[a]) & (d.model == d.model[a]))
             if same.size:
                 self.same_region_model += 1
                 return int(same[np.argmin(cand.carbon[same])])
         self.other += 1
-        return int(pick[np.argmin(cand.carbon[pick])])
+        return cand.argmin(cand.carbon)
 
 
 def first_turn_split(records_by_policy: Mapping[str, pd.DataFrame]) -> pd.DataFrame:

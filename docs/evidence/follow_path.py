@@ -10,12 +10,12 @@ slot and memory prices, :func:`carbonrouter_lib.bound.capacity_priced_bound`, 12
 the router's CO2 as the step target), in three settings: the tuned one, the same with ample memory
 and the Mooncake trace (winter, paper regions and memory rule). Per setting and path: the CO2
 (kg), the share of the plain bound's possible saving over Session-Affinity, the KV hit rate
-(cached / history tokens), the queries that went where the path said, to another GPU of its
-(region, model), or elsewhere, and the rejected queries; beside the router's and
-Session-Affinity's rows. Not online policies and not tuned: references for what the bound's
-routing is worth in the replay. About 15 minutes on two cores (the priced bound evaluates the DP
-13 times; the followed paths run in the Python loop). Run from the repository root:
-``.venv/bin/python docs/evidence/follow_path.py``.
+(``metrics.summarize``'s: cached / history tokens of the served queries), the queries that went
+where the path said, to another GPU of its (region, model), or elsewhere, and the rejected
+queries; beside the router's and Session-Affinity's rows. Not online policies and not tuned:
+references for what the bound's routing is worth in the replay. About 15 minutes on two cores
+(the priced bound evaluates the DP 13 times; the followed paths run in the Python loop). Run
+from the repository root: ``.venv/bin/python docs/evidence/follow_path.py``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import pandas as pd
 from carbonrouter_lib import bound, prepared, sweep
 from carbonrouter_lib import horizon_eval as he
 from carbonrouter_lib.build import build_policy
+from carbonrouter_lib.metrics import summarize
 from carbonrouter_lib.outputs import save_table
 from carbonrouter_lib.setting import backend_config
 from carbonrouter_lib.simulator import simulate
@@ -39,9 +40,10 @@ SETTINGS = (dict(he.TUNED), {**he.TUNED, "memory": "paper x10"},
 
 
 def _row(st: dict, policy: str, rec: pd.DataFrame, **extra) -> dict:
-    return {**st, "policy": policy, "co2_kg": rec["carbon_g"].sum() / 1e3,
-            "kv_hit_rate": rec["cached_tokens"].sum() / rec["history_tokens"].sum(),
-            "rejected": int(rec["rejected"].sum()), **extra}
+    m = summarize(rec)
+    return {**st, "policy": policy, "co2_kg": m["total_co2_kg"],
+            "kv_hit_rate": m["kv_hit_rate_tokens"], "rejected": int(rec["rejected"].sum()),
+            **extra}
 
 
 def one(st: dict[str, str]) -> list[dict]:

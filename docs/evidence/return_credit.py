@@ -42,19 +42,16 @@ HERE = Path(__file__).resolve().parent
 
 def credit_changes(table: pd.DataFrame) -> tuple[int, int, int]:
     """(later turns, those whose return credit fell, those whose credit rose) in a prepared
-    workload: the former credit N_hist(k − 1) against min(max_{j ≤ k−2} context_j, N_hist(k)),
-    per model, a row counted where any model's changed. Later turns are turns k ≥ 2."""
+    workload: the former credit N_hist(k − 1) against :func:`carbonrouter_lib.bound.
+    return_credit`, per model, a row counted where any model's changed. Later turns are turns
+    k ≥ 2."""
     new = prepared.model_matrix(table, "new_tokens").astype(np.float64)
     hist = prepared.model_matrix(table, "history_tokens").astype(np.float64)
     out = prepared.model_matrix(table, "output_tokens").astype(np.float64)
     turn = table["turn"].to_numpy(np.int64)
-    session = table["session"].to_numpy(np.int64)
-    ctx = pd.DataFrame(hist + new + out)
-    # the longest context of turns 0 … k − 2: the running max within the session, two rows back
-    older = ctx.groupby(session).cummax().groupby(session).shift(2).to_numpy()
     later = turn >= 2
     former = np.roll(hist, 1, axis=0)[later]
-    now = np.minimum(older[later], hist[later])
+    now = bound.return_credit(new, hist, out, turn)[later]
     return (int(later.sum()), int((now < former).any(axis=1).sum()),
             int((now > former).any(axis=1).sum()))
 
