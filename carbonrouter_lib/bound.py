@@ -91,7 +91,13 @@ def _dp(c_none, c_rev, c_full, feasible, flags, n_sets):
     """The DP of :func:`session_bound_dp`, compiled: returns (total, path). States are (the
     previous deployment, or n for none; the set of flags served); per turn and candidate j the
     best previous state for each set (first minimum: lowest previous index), then per target
-    set the smallest value (ties: the smallest source set), kept where it improves."""
+    set the smallest value (ties: the smallest source set), kept where it improves.
+
+    The best previous state of candidate j in set st is the better of staying (dp[j, st] plus
+    j's cost with its cache) and the best other previous state (plus the cost without it). The
+    latter is the first minimum of dp[:, st] over p ≠ j: the first or, where that is j, the
+    second of the two smallest, found once per turn and set. That makes a turn O(n·sets), not
+    O(n²·sets), with the same minima and ties (same-cost ties: the lowest index)."""
     k_turns, n = feasible.shape
     dp = np.full((n + 1, n_sets), np.inf)
     dp[n, 0] = 0.0
@@ -103,10 +109,26 @@ def _dp(c_none, c_rev, c_full, feasible, flags, n_sets):
     p_best = np.empty(n_sets, np.int64)
     t_val = np.empty(n_sets)
     t_src = np.empty(n_sets, np.int64)
+    m1 = np.empty(n_sets)
+    m2 = np.empty(n_sets)
+    i1 = np.empty(n_sets, np.int64)
+    i2 = np.empty(n_sets, np.int64)
     for k in range(k_turns):
         if not feasible[k].any():
             continue
         served[k] = True
+        # the two smallest previous values per set, each the first in index order (an index
+        # of −1: none finite)
+        for st in range(n_sets):
+            a1, b1, a2, b2 = np.inf, -1, np.inf, -1
+            for p in range(n + 1):
+                v = dp[p, st]
+                if v < a1:
+                    a2, b2 = a1, b1
+                    a1, b1 = v, p
+                elif v < a2:
+                    a2, b2 = v, p
+            m1[st], i1[st], m2[st], i2[st] = a1, b1, a2, b2
         new[:] = np.inf
         for j in range(n):
             if not feasible[k, j]:
@@ -114,11 +136,16 @@ def _dp(c_none, c_rev, c_full, feasible, flags, n_sets):
             bit = flags[j]
             for st in range(n_sets):
                 c = c_rev[k, j] if (st & bit) == bit else c_none[k, j]
+                if i1[st] != j:
+                    vo, po = m1[st], i1[st]
+                else:
+                    vo, po = m2[st], i2[st]
                 bv, bp = np.inf, 0
-                for p in range(n + 1):
-                    tot = dp[p, st] + (c_full[k, j] if p == j else c)
-                    if tot < bv:
-                        bv, bp = tot, p
+                if po >= 0 and vo + c < bv:
+                    bv, bp = vo + c, po
+                vs = dp[j, st] + c_full[k, j]
+                if vs < bv or (vs == bv and j < bp):
+                    bv, bp = vs, j
                 v_best[st], p_best[st] = bv, bp
             t_src[:] = -1
             for st in range(n_sets):
@@ -266,8 +293,8 @@ def clairvoyant_bound(
     signal
         Carbon signal (default: from ``config``).
     max_tracked
-        Sessions with at most this many candidate deployments track "served before" per
-        deployment (exact), others per region.
+        Sessions with at most this many candidate deployments (with prices: (region, model)
+        pairs) track "served before" per deployment (per pair), others per region and model.
     progress
         tqdm bar over sessions.
     price, hold, kv_pool, ttl_s
@@ -275,9 +302,12 @@ def clairvoyant_bound(
         inf: nothing, the plain bound). ``price`` (rows, slot pools): gCO2e added to the cost of
         serving each row in each (region, GPU) pool; ``hold`` (rows, KV pools): gCO2e per token
         of a reused cache for having kept it in its KV pool (``kv_pool`` of each deployment)
-        during the previous row's interval (a row may recompute instead). With them, every GPU
-        of a (region, model) is a candidate, not only the dominant one. ``ttl_s``: no cache
-        survives a longer think time. The ``carbon_g`` written is the path's carbon without the
+        during the previous row's interval (a row may recompute instead). With them, every
+        deployment is a candidate, not only the dominant GPU of each (region, model), and a
+        cache is reused only where it was written: the previous turn's deployment, or for a
+        return a deployment whose (region, model) was served before ("served before" is
+        tracked per (region, model), a necessary condition). ``ttl_s``: no cache survives a
+        longer think time. The ``carbon_g`` written is the path's carbon without the
         prices; with prices the table also has ``held_tokens``, the cache each row reused, and
         ``returned``, whether that cache was one the session left before the previous turn.
     returns
@@ -306,15 +336,17 @@ def clairvoyant_bound(
         raise ValueError("clairvoyant_bound: price, hold and kv_pool go together")
     if price is None:  # relaxation 4: the dominant GPU of each (region, model)
         cand = bound_candidates(deps)
-        alt = cand[:, None]
-        slot_col = kv_col = np.zeros_like(alt)
+        slot_col = kv_col = np.zeros(len(cand), np.int64)
         price = hold = np.zeros((n, 1))
-    else:  # one candidate per (region, model), every GPU its alternative
-        key = deps.region * len(deps.models) + deps.model
-        cand = np.array([np.flatnonzero(key == k)[0] for k in np.unique(key)], np.int64)
-        alt = np.stack([np.flatnonzero(key == key[c]) for c in cand]).astype(np.int64)
-        slot_col = (deps.region * len(deps.gpus) + deps.gpu)[alt].astype(np.int64)
-        kv_col = np.asarray(kv_pool, np.int64)[alt]
+        track = np.arange(len(cand), dtype=np.int64)  # "served before" per deployment
+    else:  # every deployment, its cache its own: the replay's (region, GPU) pools are priced
+        cand = np.arange(deps.n, dtype=np.int64)
+        slot_col = (deps.region * len(deps.gpus) + deps.gpu)[cand].astype(np.int64)
+        kv_col = np.asarray(kv_pool, np.int64)[cand]
+        # "served before" per (region, model): every GPU of one shares its bit (a deployment
+        # served implies its (region, model) served; the return credit stays that of the
+        # plain bound's candidates, and the state does not grow with the GPUs)
+        track = (deps.region * len(deps.models) + deps.model).astype(np.int64)
     # the loop's arguments but the sessions' ranges and the outputs, the same for every chunk
     dep = np.empty(n, np.int64)
     carbon, energy, ci_min = np.empty(n), np.empty(n), np.empty(n)
@@ -325,9 +357,10 @@ def clairvoyant_bound(
     fixed = (x["arrival"], x["think"], x["max_service"], signal._t_s, float(span_lo),
              float(span_hi), float(x["end_s"]), x["grid"], np.ascontiguousarray(x["feasible"]),
              cand, deps.region[cand].astype(np.int64), deps.model[cand].astype(np.int64),
-             alt, slot_col, kv_col, deps.e_in[alt].astype(np.float64),
-             deps.e_cache[alt].astype(np.float64), deps.e_out[alt].astype(np.float64),
-             x["new"], x["hist"], x["out"], x["credit"], max_tracked, np.ascontiguousarray(price),
+             slot_col, kv_col, deps.e_in[cand].astype(np.float64),
+             deps.e_cache[cand].astype(np.float64), deps.e_out[cand].astype(np.float64),
+             x["new"], x["hist"], x["out"], x["credit"], track, max_tracked,
+             np.ascontiguousarray(price),
              np.ascontiguousarray(hold), float(ttl_s), bool(returns), dep, carbon, energy, ci_min,
              coarse, held, ret)
     starts, ends = x["starts"], x["ends"]
@@ -363,10 +396,9 @@ def clairvoyant_bound(
 
 @njit(cache=True)
 def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, span_hi, end_s,
-                    grid, feasible_all, cand, region_c, model_c, alt_dep, alt_slot, alt_kv,
-                    ea_in, ea_cache, ea_out, new, hist, out, credit, max_tracked, price, hold,
-                    ttl_s,
-                    returns, dep, carbon, energy, ci_min, coarse, held, ret):
+                    grid, feasible_all, cand, region_c, model_c, slot_c, kv_c, ec_in,
+                    ec_cache, ec_out, new, hist, out, credit, track, max_tracked, price, hold,
+                    ttl_s, returns, dep, carbon, energy, ci_min, coarse, held, ret):
     """The bound of the sessions [starts[q], ends[q]) (the loop of :func:`clairvoyant_bound`,
     compiled): writes each row's deployment, carbon, energy, intensity, tracking and the tokens
     of cache it reused (``held``) and whether it returned to a deployment served before the
@@ -380,12 +412,9 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
     times since turn k − 2's completion); without
     ``returns`` a deployment other than the previous turn's holds no cache.
 
-    Candidate c stands for its (region, model); ``alt_dep[c]`` are the deployments it may use
-    (−1 padded: one, the dominant GPU, for the plain bound; every GPU with prices), each with
-    its energy coefficients ``ea_*``, its slot pool ``alt_slot`` (the column of ``price``) and
-    its KV pool ``alt_kv`` (the column of ``hold``); every turn takes the cheapest of them for
-    each way of serving it (its cache status is the candidate's, whatever the GPU: a
-    relaxation)."""
+    Candidate c is deployment ``cand[c]``, with its energy coefficients ``ec_*``, its slot pool
+    ``slot_c`` (the column of ``price``) and its KV pool ``kv_c`` (the column of ``hold``);
+    ``track[c]`` is the key of its "served before" bit (candidates sharing a key share it)."""
     n_rows = len(grid)
     n_regions = grid.shape[1]
     n_c = len(cand)
@@ -443,9 +472,6 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
         ci = np.empty((k_turns, n_u))
         miss_full = np.zeros((k_turns, n_u), np.bool_)
         miss_rev = np.zeros((k_turns, n_u), np.bool_)
-        d_none = np.empty((k_turns, n_u), np.int64)
-        d_rev = np.empty((k_turns, n_u), np.int64)
-        d_full = np.empty((k_turns, n_u), np.int64)
         for k in range(k_turns):
             i = i0 + k
             expired = k > 0 and think[i] > ttl_s  # every cache expired during the think time
@@ -459,31 +485,20 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
                 # what a return reuses at most, when c served before but not at k − 1
                 h_prev = credit[i, m]
                 ci[k, u] = ci_w[k, region_c[c]]
-                # Each way of serving the turn on its cheapest deployment (with the prices: slot
-                # and, for a reused cache, its tokens held during the previous row's interval).
-                b_none, b_rev, b_full = math.inf, math.inf, math.inf
-                for g in range(alt_dep.shape[1]):
-                    a = alt_dep[c, g]
-                    if a < 0:
-                        break
-                    ei, ec, eo = ea_in[c, g], ea_cache[c, g], ea_out[c, g]
-                    en = ei * (n_new + n_hist - 0.0) + ec * 0.0 + eo * n_out
-                    er = ei * (n_new + n_hist - h_prev) + ec * h_prev + eo * n_out
-                    ef = ei * n_new + ec * n_hist + eo * n_out
-                    pr = price[i, alt_slot[c, g]]
-                    mu = hold[i, alt_kv[c, g]]
-                    # a return's cache was held since turn k − 2 at the latest: the interval
-                    # before the previous one too
-                    mu_r = mu + hold[i - 1, alt_kv[c, g]] if k > 1 else mu
-                    v = ci[k, u] * en + pr
-                    if v < b_none:
-                        b_none, e_none[k, u], d_none[k, u] = v, en, a
-                    v = ci[k, u] * er + pr + mu_r * h_prev
-                    if v < b_rev:
-                        b_rev, e_rev[k, u], d_rev[k, u] = v, er, a
-                    v = ci[k, u] * ef + pr + mu * n_hist
-                    if v < b_full:
-                        b_full, e_full[k, u], d_full[k, u] = v, ef, a
+                # Each way of serving the turn (with the prices: the slot and, for a reused
+                # cache, its tokens held during the previous row's interval).
+                ei, ec, eo = ec_in[c], ec_cache[c], ec_out[c]
+                e_none[k, u] = ei * (n_new + n_hist - 0.0) + ec * 0.0 + eo * n_out
+                e_rev[k, u] = ei * (n_new + n_hist - h_prev) + ec * h_prev + eo * n_out
+                e_full[k, u] = ei * n_new + ec * n_hist + eo * n_out
+                pr = price[i, slot_c[c]]
+                mu = hold[i, kv_c[c]]
+                # a return's cache was held since turn k − 2 at the latest: the interval
+                # before the previous one too
+                mu_r = mu + hold[i - 1, kv_c[c]] if k > 1 else mu
+                b_none = ci[k, u] * e_none[k, u] + pr
+                b_rev = ci[k, u] * e_rev[k, u] + pr + mu_r * h_prev
+                b_full = ci[k, u] * e_full[k, u] + pr + mu * n_hist
                 c_none[k, u] = b_none
                 # recomputing instead of reusing is always possible (and forced after the TTL);
                 # cost is linear in the tokens reused, so the best is one of the two ends
@@ -498,10 +513,11 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
                 else:
                     c_rev[k, u] = b_rev
         flags = np.empty(n_u, np.int64)
-        is_coarse = n_u > max_tracked
-        if not is_coarse:
+        keys = np.unique(track[used])
+        is_coarse = len(keys) > max_tracked
+        if not is_coarse:  # a bit per tracked key (per candidate in the plain bound)
             for u in range(n_u):
-                flags[u] = 1 << u
+                flags[u] = 1 << np.searchsorted(keys, track[used[u]])
         else:  # a region bit and a model bit (ranks among the values present)
             r_vals = np.unique(region_c[used])
             m_vals = np.unique(model_c[used])
@@ -530,17 +546,17 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
             bit = flags[u]
             m = model_c[used[u]]
             if u == prev and not miss_full[k, u]:
-                e, a = e_full[k, u], d_full[k, u]
+                e = e_full[k, u]
                 held[i] = hist[i, m]
             elif seen & bit == bit and u != prev and not miss_rev[k, u]:
-                e, a = e_rev[k, u], d_rev[k, u]
+                e = e_rev[k, u]
                 held[i] = credit[i, m]
-                ret[i] = True
+                ret[i] = held[i] > 0  # a return to a cache, not to a deployment holding none
             else:
-                e, a = e_none[k, u], d_none[k, u]
+                e = e_none[k, u]
             seen |= bit
             prev = u
-            dep[i], energy[i], ci_min[i] = a, e, ci[k, u]
+            dep[i], energy[i], ci_min[i] = cand[used[u]], e, ci[k, u]
             carbon[i] = ci[k, u] * e
     return math.nan
 
@@ -659,10 +675,11 @@ def capacity_priced_bound(
                   − Σ_{p,b} λ_{p,b}·|b| − Σ_{q,b} μ_{q,b}·|b|
 
     (L_k the cache tokens turn k reuses) is at most the carbon of every such x: x's path with
-    its reuse is in the DP, which takes every GPU of a (region, model) as an alternative (each
-    turn the cheapest with its prices; the cache status is the (region, model)'s, a
-    relaxation) and may reuse the largest cache the relaxed model allows, or none (carbon plus
-    price is linear in the tokens reused, so one of the two is at most x's); its bracket is at
+    its reuse is in the DP, whose candidates are every deployment (the previous turn's cache is
+    reused on the deployment that wrote it, as in the replay; until 2026-12-06 every GPU of a
+    (region, model) shared its cache status, a looser relaxation) and which may reuse the
+    largest cache the relaxed model allows, or none (carbon plus price is linear in the tokens
+    reused, so one of the two is at most x's); its bracket is at
     most x's carbon plus its priced use, and the use is within the capacity (weak duality; the
     other relaxations of the module docstring stay). With zero prices and an infinite TTL it
     is the plain bound. Projected subgradient ascent on (λ, μ) — the constraints normalized by

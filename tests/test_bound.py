@@ -636,6 +636,42 @@ def test_kv_memory_lifts_the_bound_where_caches_cannot_all_be_kept():
     assert priced["history"]["kv_excess"].iloc[0] > 0.3  # the plain paths hold far too much
 
 
+@settings(max_examples=40, deadline=None)
+@given(workloads(), st.integers(0, 2**32 - 1))
+def test_with_prices_a_reused_cache_is_one_the_deployment_holds(case, seed):
+    # With prices every GPU is a candidate, and a cache is its deployment's, as in the replay:
+    # a row that reuses the previous turn's cache is on the previous turn's deployment, and a
+    # return (an older cache) goes to a (region, model) the session served before. Random
+    # prices make other GPUs of the (region, model) cheaper at some turns; the former rule (the
+    # cache status the (region, model)'s, each turn on its cheapest GPU) reused a cache on
+    # another GPU than the one that held it.
+    from carbonrouter_lib.bound import _kv_pools
+
+    table, values, backend, _ = case
+    rng = np.random.default_rng(seed)
+    kv_pool, _ = _kv_pools(DEPS, backend)
+    n = len(table)
+    price = rng.choice([0.0, 1.0, 50.0], size=(n, DEPS.n_pools))
+    hold = rng.choice([0.0, 1e-4, 1e-2], size=(n, int(kv_pool.max()) + 1))
+    rec = clairvoyant_bound(table, CONFIG, make_signal(values), price=price, hold=hold,
+                            kv_pool=kv_pool, ttl_s=backend.ttl_s)
+    key = DEPS.region * len(DEPS.models) + DEPS.model
+    for _, s in rec.groupby("session", sort=False):
+        s = s[s["deployment"] >= 0]  # turns every policy rejects hold and reuse nothing
+        d = s["deployment"].to_numpy()
+        reused = (s["held_tokens"].to_numpy() > 0) & ~s["returned"].to_numpy()
+        assert not reused[:1].any() and (d[1:][reused[1:]] == d[:-1][reused[1:]]).all()
+        assert (s.loc[s["returned"], "held_tokens"] > 0).all()
+        coarse = (s["tracking"] == "region+model").to_numpy()
+        for k in np.flatnonzero(s["returned"].to_numpy()):
+            before = d[:k - 1]
+            if coarse[k]:  # its region and its model each served before (module docstring)
+                assert DEPS.region[d[k]] in set(DEPS.region[before])
+                assert DEPS.model[d[k]] in set(DEPS.model[before])
+            else:  # its (region, model) served before
+                assert k >= 2 and key[d[k]] in set(key[before])
+
+
 @pytest.mark.parametrize("ttl_s", [100.0, 1000.0])
 def test_a_returns_cache_expires_over_the_two_think_times_since_it_was_left(ttl_s):
     # The session that hops to another model and returns to the 70B (think times 60 s each):
