@@ -1402,3 +1402,33 @@ def test_the_priced_bound_barely_moves_past_its_default_iterations_and_buckets()
     assert (f"The router's share of the possible saving is {100 * plain_share:.1f}% against the "
             f"plain bound, {100 * g.loc[12, 'share_of_priced_saving']:.1f}% against the default "
             f"priced bound and {100 * top:.1f}% against the tightest") in model
+
+
+def test_the_priced_bound_charges_part_of_the_slot_holding_it_bounds():
+    # docs/evidence/horizon_held_intervals.csv (docs/evidence/held_intervals.py): I_k lies
+    # within every policy's holding of the slot, so the bound never charges more than the
+    # router's replay held, in every turn group; the groups add up to "all".
+    t = pd.read_csv(EVIDENCE / "horizon_held_intervals.csv")
+    assert len(t) == 15
+    assert (t["charged_s"] <= t["held_s"] * (1 + 1e-9)).all() and (t["charged_s"] > 0).all()
+    np.testing.assert_allclose(t["charged_share"], t["charged_s"] / t["held_s"], rtol=1e-12)
+    for _, g in t.groupby(list(he.SETTING), sort=False):
+        g = g.set_index("turns")
+        parts = g.drop(index="all")
+        for c in ("queries", "charged_s", "held_s"):
+            assert parts[c].sum() == pytest.approx(g.loc["all", c], rel=1e-9)
+        # the interval shrinks with the turn index
+        assert parts["charged_share"].is_monotonic_decreasing
+        assert parts["empty_share"].is_monotonic_increasing
+    v = t.set_index(["dataset", "memory", "turns"])
+    model = " ".join((EVIDENCE.parent / "model.md").read_text().split())
+    assert (f"the bound charges {100 * v.loc[('sharegpt', 'paper', 'all'), 'charged_share']:.0f}%"
+            f" of the slot seconds the router's replay held at the tuned setting "
+            f"({100 * v.loc[('sharegpt', 'paper', '7+'), 'charged_share']:.0f}% from turn 7 on, "
+            f"where {100 * v.loc[('sharegpt', 'paper', '7+'), 'empty_share']:.0f}% of the "
+            f"intervals are empty) and "
+            f"{100 * v.loc[('mooncake', 'paper', 'all'), 'charged_share']:.0f}% on the Mooncake "
+            f"trace") in model
+    assert (f"its slot constraint charges only "
+            f"{100 * v.loc[('sharegpt', 'paper', 'all'), 'charged_share']:.0f}% of the slot time "
+            f"the router's replay holds there") in _readme_text()
