@@ -303,12 +303,14 @@ def clairvoyant_bound(
         serving each row in each (region, GPU) pool; ``hold`` (rows, KV pools): gCO2e per token
         of a reused cache for having kept it in its KV pool (``kv_pool`` of each deployment)
         during the previous row's interval (a row may recompute instead). With them, every
-        deployment is a candidate, not only the dominant GPU of each (region, model), and a
-        cache is reused only where it was written: the previous turn's deployment, or for a
-        return a deployment whose (region, model) was served before ("served before" is
-        tracked per (region, model), a necessary condition). ``ttl_s``: no cache survives a
-        longer think time. The ``carbon_g`` written is the path's carbon without the
-        prices; with prices the table also has ``held_tokens``, the cache each row reused, and
+        deployment is a candidate, not only the dominant GPU of each (region, model), and the
+        previous turn's cache is reused only where it was written; a return goes to a
+        deployment whose (region, model) was served before ("served before" is tracked per
+        (region, model), a necessary condition; the previous turn's counts, so a move to
+        another GPU of its (region, model) is credited as a return, with the context up to
+        turn k − 2). ``ttl_s``: no cache survives a longer think time. The ``carbon_g``
+        written is the path's carbon without the prices; with prices the table also has
+        ``held_tokens``, the cache each row reused, and
         ``returned``, whether that cache was one the session left before the previous turn.
     returns
         False: a deployment the session left holds nothing when the session comes back
@@ -344,8 +346,11 @@ def clairvoyant_bound(
         slot_col = (deps.region * len(deps.gpus) + deps.gpu)[cand].astype(np.int64)
         kv_col = np.asarray(kv_pool, np.int64)[cand]
         # "served before" per (region, model): every GPU of one shares its bit (a deployment
-        # served implies its (region, model) served; the return credit stays that of the
-        # plain bound's candidates, and the state does not grow with the GPUs)
+        # served implies its (region, model) served, and the state does not grow with the
+        # GPUs). The previous turn's bit is in the state too, so a move to another GPU of the
+        # previous turn's (region, model) gets the return credit (context up to turn k − 2):
+        # valid, and looser than the replay; a state bit for "the previous turn's (region,
+        # model) was served before it" would remove that
         track = (deps.region * len(deps.models) + deps.model).astype(np.int64)
     # the loop's arguments but the sessions' ranges and the outputs, the same for every chunk
     dep = np.empty(n, np.int64)

@@ -662,14 +662,16 @@ def test_with_prices_a_reused_cache_is_one_the_deployment_holds(case, seed):
         reused = (s["held_tokens"].to_numpy() > 0) & ~s["returned"].to_numpy()
         assert not reused[:1].any() and (d[1:][reused[1:]] == d[:-1][reused[1:]]).all()
         assert (s.loc[s["returned"], "held_tokens"] > 0).all()
+        # a return goes where "served before" allows: a (region, model) served at an earlier
+        # turn, the previous one included (tracked per (region, model), not per GPU)
         coarse = (s["tracking"] == "region+model").to_numpy()
         for k in np.flatnonzero(s["returned"].to_numpy()):
-            before = d[:k - 1]
+            before = d[:k]
             if coarse[k]:  # its region and its model each served before (module docstring)
                 assert DEPS.region[d[k]] in set(DEPS.region[before])
                 assert DEPS.model[d[k]] in set(DEPS.model[before])
-            else:  # its (region, model) served before
-                assert k >= 2 and key[d[k]] in set(key[before])
+            else:
+                assert k >= 1 and key[d[k]] in set(key[before])
 
 
 @pytest.mark.parametrize("ttl_s", [100.0, 1000.0])
