@@ -238,9 +238,9 @@ def return_credit(new: np.ndarray, hist: np.ndarray, out: np.ndarray,
 def _bound_inputs(table: pd.DataFrame, config: SimulationConfig, signal: CarbonSignal
                   ) -> dict[str, np.ndarray | float]:
     """What the bound's session loop reads: tokens per model (new, hist, out, the return credit
-    :func:`return_credit`), the feasible
-    deployments of each query (quality ∧ context window, no TTFT), arrivals, think times, each
-    query's longest possible service (s), the sessions' row ranges, the signal's grid and end."""
+    :func:`return_credit`), the feasible deployments of each query (quality ∧ context window, no
+    TTFT), arrivals, think times, each query's longest possible service (s), the sessions' row
+    ranges, the signal's grid and end."""
     deps = config.deployments()
     new = prepared.model_matrix(table, "new_tokens").astype(np.float64)
     hist = prepared.model_matrix(table, "history_tokens").astype(np.float64)
@@ -310,8 +310,8 @@ def clairvoyant_bound(
         another GPU of its (region, model) is credited as a return, with the context up to
         turn k − 2). ``ttl_s``: no cache survives a longer think time. The ``carbon_g``
         written is the path's carbon without the prices; with prices the table also has
-        ``held_tokens``, the cache each row reused, and
-        ``returned``, whether that cache was one the session left before the previous turn.
+        ``held_tokens``, the cache each row reused, and ``returned``, whether that cache was
+        one the session left before the previous turn.
     returns
         False: a deployment the session left holds nothing when the session comes back
         (relaxation 5 off: only the previous turn's deployment may hold a cache). Not a bound on
@@ -406,16 +406,15 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
                     ttl_s, returns, dep, carbon, energy, ci_min, coarse, held, ret):
     """The bound of the sessions [starts[q], ends[q]) (the loop of :func:`clairvoyant_bound`,
     compiled): writes each row's deployment, carbon, energy, intensity, tracking and the tokens
-    of cache it reused (``held``) and whether it returned to a deployment served before the
-    previous turn (``ret``); returns NaN, or the first time (s) the signal does not
-    cover. The prices of :func:`capacity_priced_bound` (zeros and ``ttl_s`` = inf: the plain
-    bound) enter the DP's costs but not the carbon written: ``price`` (rows, slot pools) is
-    added to the cost of serving a row in a pool, ``hold`` (rows, KV pools) × the tokens reused
-    is the price of having kept that cache in its pool during the previous row's interval (a
-    return: also the interval before, the previous row's ``hold``; a row may recompute
-    instead), and no cache survives a think time above ``ttl_s`` (a return's: the two think
-    times since turn k − 2's completion); without
-    ``returns`` a deployment other than the previous turn's holds no cache.
+    of cache it reused (``held``) and whether that was a return's (``ret``); returns NaN, or the
+    first time (s) the signal does not cover. The prices of :func:`capacity_priced_bound` (zeros
+    and ``ttl_s`` = inf: the plain bound) enter the DP's costs but not the carbon written:
+    ``price`` (rows, slot pools) is added to the cost of serving a row in a pool, ``hold``
+    (rows, KV pools) × the tokens reused is the price of having kept that cache in its pool
+    during the previous row's interval (a return: also the interval before, the previous row's
+    ``hold``; a row may recompute instead), and no cache survives a think time above ``ttl_s``
+    (a return's: the two think times since turn k − 2's completion); without ``returns`` a
+    deployment other than the previous turn's holds no cache.
 
     Candidate c is deployment ``cand[c]``, with its energy coefficients ``ec_*``, its slot pool
     ``slot_c`` (the column of ``price``) and its KV pool ``kv_c`` (the column of ``hold``);
@@ -493,7 +492,7 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
                 # Each way of serving the turn (with the prices: the slot and, for a reused
                 # cache, its tokens held during the previous row's interval).
                 ei, ec, eo = ec_in[c], ec_cache[c], ec_out[c]
-                e_none[k, u] = ei * (n_new + n_hist - 0.0) + ec * 0.0 + eo * n_out
+                e_none[k, u] = ei * (n_new + n_hist) + eo * n_out
                 e_rev[k, u] = ei * (n_new + n_hist - h_prev) + ec * h_prev + eo * n_out
                 e_full[k, u] = ei * n_new + ec * n_hist + eo * n_out
                 pr = price[i, slot_c[c]]

@@ -582,6 +582,11 @@ def _readme_text() -> str:
     return " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
 
 
+def _model_text() -> str:
+    """docs/model.md with its line breaks folded into single spaces."""
+    return " ".join((EVIDENCE.parent / "model.md").read_text().split())
+
+
 def test_the_former_router_of_the_evidence_is_the_full_grids_former_variant():
     # The former router (he.FORMER: no fallback exit, no option to move) with its slot price is
     # horizon_slot_price_full's target, and without it horizon_plain_full's; every online
@@ -1165,7 +1170,7 @@ def test_the_readme_and_the_model_document_state_the_returns():
             f"{both('no_return_70', '')} of 32 settings") in readme
     assert (f"{both('part_paper', '')} points of ShareGPT's possible saving under the paper's "
             f"memory rule and {both('part_ample', '')} with ample memory") in readme
-    model = " ".join((EVIDENCE.parent / "model.md").read_text().split())
+    model = _model_text()
     assert (f"Against that bound the router reaches {both('no_return_paper')} and "
             f"{both('no_return_ample')} on ShareGPT (against the plain bound {both('share_paper')} "
             f"and {both('share_ample')}), ≥ 70% in {both('no_return_70', '')} of the 32 settings "
@@ -1204,7 +1209,7 @@ def test_the_model_document_states_the_release_variants_share_of_the_bound_witho
     share = rel.xs("sharegpt", level="dataset").droplevel(["region_set", "season"])
     moon = rel.xs("mooncake", level="dataset")["share_no_return"]
     hit = r.xs(("sharegpt", "paper x10"), level=("dataset", "memory"))["hit"]
-    model = " ".join((EVIDENCE.parent / "model.md").read_text().split())
+    model = _model_text()
     assert (f"it reaches {100 * share.loc['paper', 'share_no_return']:.0f}% of that bound's "
             f"possible saving on ShareGPT under the paper's memory rule (the tuned setting), "
             f"{100 * share.loc['paper x10', 'share_no_return']:.0f}% with ample memory, where "
@@ -1263,7 +1268,7 @@ def test_the_return_credit_tables_follow_from_the_committed_bounds():
     assert (f"moves from {100 * c['share_committed']:.4f}% to {100 * c['share']:.4f}%: "
             f"{f['n70']} of 32 against the corrected bound (the fresh weeks {r['n70']} of 32 "
             f"either way)") in readme
-    model = " ".join((EVIDENCE.parent / "model.md").read_text().split())
+    model = _model_text()
     assert (f"the credit rises in {r['rose']:.1f}% of the turns k ≥ 2 and falls in "
             f"{r['fell']:.1f}%, and the bound rises by {f['lo']:.3f}–{f['hi']:.3f}% in the full "
             f"grid ({r['lo']:.3f}–{r['hi']:.3f}% in the fresh weeks)") in model
@@ -1322,7 +1327,7 @@ def test_the_readme_and_the_model_document_state_the_followed_paths():
             f"ample memory they reach {share[plain][1]}% and {share[priced][1]}%, on the Mooncake "
             f"trace {share[plain][2]}% and {share[priced][2]}%, against the router's "
             f"{share[he.TARGET][0]}%, {share[he.TARGET][1]}% and {share[he.TARGET][2]}%") in readme
-    model = " ".join((EVIDENCE.parent / "model.md").read_text().split())
+    model = _model_text()
     hit = [f"{t.loc[(*order[0], p), 'kv_hit_rate']:.2f}" for p in (plain, priced, he.TARGET)]
     assert (f"only {span(plain)} of the queries can go where the plain bound's path says and "
             f"{span(priced)} where the capacity-priced bound's path says") in model
@@ -1342,7 +1347,7 @@ def test_the_model_document_states_the_priced_bound_after_the_changes_of_2026_12
     t = pd.read_csv(EVIDENCE / "horizon_follow_path.csv")
     kg = t[t["policy"] == "the priced bound's path"].set_index(["dataset", "memory"])[
         "path_bound_kg"]
-    model = " ".join((EVIDENCE.parent / "model.md").read_text().split())
+    model = _model_text()
     assert (f"with the other two it is {kg['sharegpt', 'paper']:.3f}, "
             f"{kg['sharegpt', 'paper x10']:.3f} and {kg['mooncake', 'paper']:.3f} kg") in model
     # each change only tightens a valid bound: above the values before
@@ -1365,8 +1370,11 @@ def test_the_priced_bound_barely_moves_past_its_default_iterations_and_buckets()
     for b, g in t.groupby("bucket_s"):
         g = g.set_index("iteration")
         assert list(g.index) == list(range(49))
-        # the bound is the largest Lagrangian value so far, each a valid bound above the plain
+        # the bound is the largest Lagrangian value so far (every iterate a valid bound); the
+        # first, zero prices with the TTL exact, is at least the plain bound
         np.testing.assert_allclose(g["priced_bound_kg"], g["lagrangian_kg"].cummax(), rtol=0)
+        assert g["lagrangian_kg"].iloc[0] >= g["plain_bound_kg"].iloc[0]
+        # observed, not implied by duality: no later iterate fell below the plain bound either
         assert (g["lagrangian_kg"].iloc[1:] >= g["plain_bound_kg"].iloc[0]).all()
         assert (g["priced_bound_kg"] < g["co2_kg"]).all()
         for p, col in (("session-affinity", "session_affinity_kg"), (he.TARGET, "co2_kg")):
@@ -1386,7 +1394,7 @@ def test_the_priced_bound_barely_moves_past_its_default_iterations_and_buckets()
     # the claim: four times the iterations and six times narrower buckets move it < 0.5%
     assert default <= longer < default * 1.005 and narrower < default * 1.005
     assert v[1800.0].loc[48, "slot_excess"] < 0.01 < v[1800.0].loc[0, "slot_excess"]
-    model = " ".join((EVIDENCE.parent / "model.md").read_text().split())
+    model = _model_text()
     g = v[1800.0]
     assert (f"From the plain bound's {g['plain_bound_kg'].iloc[0]:.3f} kg "
             f"({g.loc[0, 'lagrangian_kg']:.3f} kg with the TTL), the default reaches "
@@ -1421,7 +1429,7 @@ def test_the_priced_bound_charges_part_of_the_slot_holding_it_bounds():
         assert parts["charged_share"].is_monotonic_decreasing
         assert parts["empty_share"].is_monotonic_increasing
     v = t.set_index(["dataset", "memory", "turns"])
-    model = " ".join((EVIDENCE.parent / "model.md").read_text().split())
+    model = _model_text()
     assert (f"the bound charges {100 * v.loc[('sharegpt', 'paper', 'all'), 'charged_share']:.0f}%"
             f" of the slot seconds the router's replay held at the tuned setting "
             f"({100 * v.loc[('sharegpt', 'paper', '7+'), 'charged_share']:.0f}% from turn 7 on, "

@@ -22,6 +22,7 @@ evaluation of the DP over every session, about 20 s). Run from the repository ro
 from __future__ import annotations
 
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -42,11 +43,11 @@ def _runs() -> dict[str, float]:
             for p in ("session-affinity", he.TARGET)}
 
 
-def one(bucket_s: float) -> pd.DataFrame:
-    """The priced bound's ascent at the tuned setting with buckets of ``bucket_s`` seconds."""
+def one(bucket_s: float, co2: dict[str, float]) -> pd.DataFrame:
+    """The priced bound's ascent at the tuned setting with buckets of ``bucket_s`` seconds;
+    ``co2``: :func:`_runs`."""
     wcfg, scfg = he.setting(he.TUNED)
     table = prepared.prepare_workload(wcfg)
-    co2 = _runs()
     pb = bound.capacity_priced_bound(table, scfg, upper_g=co2[he.TARGET],
                                      iterations=ITERATIONS, bucket_s=bucket_s)
     h = pb["history"]
@@ -64,7 +65,7 @@ def one(bucket_s: float) -> pd.DataFrame:
 
 def main() -> None:
     with ProcessPoolExecutor(len(BUCKETS_S)) as pool:
-        parts = list(pool.map(one, BUCKETS_S))
+        parts = list(pool.map(partial(one, co2=_runs()), BUCKETS_S))
     t = pd.concat(parts, ignore_index=True)
     save_table(t, "horizon_priced_convergence", HERE, parquet=False)
     view = t[t["iteration"].isin([0, 12, 24, ITERATIONS])]
