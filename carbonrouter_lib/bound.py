@@ -235,12 +235,13 @@ def return_credit(new: np.ndarray, hist: np.ndarray, out: np.ndarray,
     return np.where(later, np.minimum(np.roll(longest, 2, axis=0), hist), 0.0)
 
 
-def _bound_inputs(table: pd.DataFrame, config: SimulationConfig, signal: CarbonSignal
-                  ) -> dict[str, np.ndarray | float]:
+def _bound_inputs(table: pd.DataFrame, config: SimulationConfig, signal: CarbonSignal,
+                  shortest: bool = False) -> dict[str, np.ndarray | float]:
     """What the bound's session loop reads: tokens per model (new, hist, out, the return credit
     :func:`return_credit`), the feasible deployments of each query (quality ∧ context window, no
     TTFT), arrivals, think times, each query's longest possible service (s), the sessions' row
-    ranges, the signal's grid and end."""
+    ranges, the signal's grid and end; with ``shortest`` also each query's shortest possible
+    service (s, ``min_service``)."""
     deps = config.deployments()
     new = prepared.model_matrix(table, "new_tokens").astype(np.float64)
     hist = prepared.model_matrix(table, "history_tokens").astype(np.float64)
@@ -261,13 +262,19 @@ def _bound_inputs(table: pd.DataFrame, config: SimulationConfig, signal: CarbonS
     serve = cost.service_time_s(new[:, m_of], hist[:, m_of], 0.0, out[:, m_of], deps.v_pre,
                                 deps.v_dec)
     grid = signal.frame.to_numpy(np.float64)
-    return {"new": new, "hist": hist, "out": out, "credit": return_credit(new, hist, out, turn),
-            "feasible": feasible,
-            "arrival": table["arrival_s"].to_numpy(np.float64),
-            "think": table["think_s"].to_numpy(np.float64),
-            "max_service": np.where(feasible, serve, 0.0).max(axis=1),
-            "starts": starts.astype(np.int64), "ends": np.append(starts[1:], len(table)),
-            "grid": grid, "end_s": signal.row_interval(len(grid) - 1)[1]}
+    x = {"new": new, "hist": hist, "out": out, "credit": return_credit(new, hist, out, turn),
+         "feasible": feasible,
+         "arrival": table["arrival_s"].to_numpy(np.float64),
+         "think": table["think_s"].to_numpy(np.float64),
+         "max_service": np.where(feasible, serve, 0.0).max(axis=1),
+         "starts": starts.astype(np.int64), "ends": np.append(starts[1:], len(table)),
+         "grid": grid, "end_s": signal.row_interval(len(grid) - 1)[1]}
+    if shortest:  # the whole history cached on the fastest feasible deployment; 0 if rejected
+        fast = cost.service_time_s(new[:, m_of], hist[:, m_of], hist[:, m_of], out[:, m_of],
+                                   deps.v_pre, deps.v_dec)
+        fast = np.where(feasible, fast, np.inf).min(axis=1)
+        x["min_service"] = np.where(np.isfinite(fast), fast, 0.0)
+    return x
 
 
 def clairvoyant_bound(
@@ -281,6 +288,7 @@ def clairvoyant_bound(
     kv_pool: np.ndarray | None = None,
     ttl_s: float = math.inf,
     returns: bool = True,
+    _inputs: dict | None = None,
 ) -> pd.DataFrame:
     """The clairvoyant bound of every session of a prepared workload (module docstring).
 
@@ -319,6 +327,9 @@ def clairvoyant_bound(
         that drops the cache a session leaves behind (the horizon router with ``release=True``),
         and the measure of how much of the plain bound's saving needs a second cache per session
         kept across a hop.
+    _inputs
+        :func:`_bound_inputs` of the same table, config and signal, computed once by a caller
+        that evaluates the bound many times (:func:`capacity_priced_bound`).
 
     Returns
     -------
@@ -332,7 +343,7 @@ def clairvoyant_bound(
     config = config or SimulationConfig()
     signal = config.signal(signal)
     deps = config.deployments()
-    x = _bound_inputs(table, config, signal)
+    x = _bound_inputs(table, config, signal) if _inputs is None else _inputs
     n = len(table)
     if (price is None) != (hold is None) or (hold is not None) != (kv_pool is not None):
         raise ValueError("clairvoyant_bound: price, hold and kv_pool go together")
@@ -570,62 +581,70 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
 # ---------------------------------------------------------------------------------------------
 
 @njit(cache=True)
-def _held_intervals(starts, ends, arrival, think, max_service, t0, t1):
-    """Per row, [t0, t1) = [hi_k, lo_{k+1}): from the latest dispatch any policy can give turn k
-    to the earliest of turn k + 1 (the windows of :func:`_bound_sessions`, the same arithmetic),
-    a time during which every policy holds the session's slot in the region of turn k. Empty
-    (t1 = t0) for a session's last turn and where the windows overlap."""
+def _dispatch_windows(starts, ends, arrival, think, max_service, min_service, lo, hi, gap):
+    """Per row, the window [lo_k, hi_k] of the dispatch times any policy can give turn k (the
+    windows of :func:`_bound_sessions`, the same arithmetic) and ``gap``: the least time from
+    its dispatch to the next turn's, think_{k+1} + its shortest possible service (0 for a
+    session's last turn)."""
     for q in range(len(starts)):
         i0, i1 = starts[q], ends[q]
         cum_think, cum_serve = 0.0, 0.0
-        prev_hi = 0.0
         for k in range(i1 - i0):
             if k > 0:
                 cum_think += think[i0 + k]
                 cum_serve += max_service[i0 + k - 1]
-            lo = arrival[i0] + cum_think
-            hi = lo + cum_serve
-            if k > 0:
-                t1[i0 + k - 1] = max(lo, prev_hi)
-            t0[i0 + k] = hi
-            prev_hi = hi
-        t1[i1 - 1] = prev_hi
+            lo[i0 + k] = arrival[i0] + cum_think
+            hi[i0 + k] = lo[i0 + k] + cum_serve
+            gap[i0 + k] = think[i0 + k + 1] + min_service[i0 + k] if k < i1 - i0 - 1 else 0.0
 
 
 @njit(cache=True)
-def _bucket_overlap(t0, t1, region, weight, origin, width, out):
-    """Adds ``weight[i]`` × the overlap of each interval [t0[i], t1[i]) of a row in
-    ``region[i]`` (−1: none) with every bucket [origin + b·width, … + width) to ``out``
-    (regions × buckets; a weight of 1: seconds). Times outside the buckets are dropped."""
-    n_b = out.shape[1]
-    for i in range(len(t0)):
-        r = region[i]
-        if r < 0 or t1[i] <= t0[i] or weight[i] == 0.0:
+def _holding_weights(lo, hi, gap, origin, width, n_b, count_only, indptr, idx, w):
+    """The least overlap, s, of a row's holding [d_k, d_{k+1}) with each bucket
+    [origin + b·width, … + width) over every d_k ∈ [lo_k, hi_k] and d_{k+1} ≥ d_k + gap_k.
+
+    A longer interval overlaps at least as much, so d_{k+1} = d_k + gap_k; the overlap of this
+    sliding window with a fixed bucket first rises, then falls in d_k, so its least value is at
+    d_k = lo_k or hi_k: min(|[lo_k, lo_k + gap) ∩ b|, |[hi_k, hi_k + gap) ∩ b|) per bucket
+    (bucket by bucket, not one d_k for all). Nonzero only where both windows meet the bucket.
+    With ``count_only`` fills ``indptr[i + 1]`` with row i's number of buckets; else writes the
+    buckets and weights of a CSR matrix whose ``indptr`` is the cumulative count."""
+    for i in range(len(lo)):
+        g = gap[i]
+        if count_only:
+            indptr[i + 1] = 0
+        if not g > 0.0:
             continue
-        a = (t0[i] - origin) / width
-        z = (t1[i] - origin) / width
-        b0 = max(int(math.floor(a)), 0)
-        b1 = min(int(math.floor(z)), n_b - 1)
+        a0, a1 = (lo[i] - origin) / width, (lo[i] + g - origin) / width
+        c0, c1 = (hi[i] - origin) / width, (hi[i] + g - origin) / width
+        b0 = max(int(math.floor(c0)), 0)
+        b1 = min(int(math.ceil(a1)) - 1, n_b - 1)
+        pos = indptr[i]
         for b in range(b0, b1 + 1):
-            lo = max(a, float(b))
-            hi = min(z, float(b + 1))
-            if hi > lo:
-                out[r, b] += weight[i] * (hi - lo) * width
+            x = min(min(a1, b + 1.0) - max(a0, float(b)), min(c1, b + 1.0) - max(c0, float(b)))
+            if x <= 0.0:
+                continue
+            if count_only:
+                indptr[i + 1] += 1
+            else:
+                idx[pos] = b
+                w[pos] = x * width
+                pos += 1
 
 
-def _interval_prices(t0: np.ndarray, t1: np.ndarray, prices: np.ndarray, origin: float,
-                     width: float) -> np.ndarray:
-    """(rows, regions): the integral of each region's price (per unit and second, constant on
-    each bucket, 0 outside) over each row's interval [t0, t1)."""
-    n_r, n_b = prices.shape
-    cum = np.concatenate([np.zeros((n_r, 1)), np.cumsum(prices * width, axis=1)], axis=1)
+def _holding_matrix(lo: np.ndarray, hi: np.ndarray, gap: np.ndarray, origin: float,
+                    width: float, n_b: int):
+    """(rows, buckets) sparse matrix of :func:`_holding_weights`, s."""
+    from scipy import sparse
 
-    def integral(t: np.ndarray) -> np.ndarray:
-        x = np.clip((t - origin) / width, 0.0, float(n_b))
-        b = np.minimum(np.floor(x).astype(np.int64), n_b - 1)
-        return cum[:, b] + prices[:, b] * (x - b) * width  # (regions, rows)
-
-    return np.ascontiguousarray((integral(t1) - integral(t0)).T)
+    n = len(lo)
+    indptr = np.zeros(n + 1, np.int64)
+    none_i, none_f = np.zeros(0, np.int64), np.zeros(0)
+    _holding_weights(lo, hi, gap, origin, width, n_b, True, indptr, none_i, none_f)
+    indptr = np.cumsum(indptr)
+    idx, w = np.empty(indptr[-1], np.int64), np.empty(indptr[-1])
+    _holding_weights(lo, hi, gap, origin, width, n_b, False, indptr, idx, w)
+    return sparse.csr_matrix((w, idx, indptr), shape=(n, n_b))
 
 
 def _kv_pools(deps: Deployments, backend) -> tuple[np.ndarray, np.ndarray]:
@@ -646,8 +665,8 @@ def capacity_priced_bound(
     backend=None,
     *,
     upper_g: float,
-    iterations: int = 12,
-    bucket_s: float = 1800.0,
+    iterations: int = 24,
+    bucket_s: float = 3600.0,
     max_tracked: int = 8,
     progress: bool = False,
 ) -> dict:
@@ -659,13 +678,19 @@ def capacity_priced_bound(
     ``backend`` of :class:`~carbonrouter_lib.backend.BackendConfig`; default the setting's),
     whatever the policy:
 
-    - a session holds its slot in the (region, GPU) pool p of turn k at least during
-      I_k = [hi_k, lo_{k+1}) (:func:`_held_intervals`), and a pool has S slots;
+    - a session holds its slot in the (region, GPU) pool p of turn k from turn k's dispatch
+      d_k to turn k + 1's, and a pool has S slots. d_k lies in [lo_k, hi_k] (relaxation 3) and
+      d_{k+1} − d_k is at least g_k, the next think time plus turn k's shortest service, so in
+      each bucket of time b the holding lasts at least w_{k,b} = min(|[lo_k, lo_k + g_k) ∩ b|,
+      |[hi_k, hi_k + g_k) ∩ b|) (:func:`_holding_weights`; until 2026-12-06 only the part
+      common to every holding, [hi_k, lo_{k+1}), was charged, empty where hi_k ≥ lo_{k+1});
     - a turn k that reuses a cache on a deployment — the previous turn's (its post-turn
       context, the history H_k of turn k) or an earlier one's (relaxation 5) — found it held
-      in that deployment's KV pool q during I_{k−1}, a return during I_{k−2} too (it was
-      written at turn k − 2 or before), and a pool holds M_q tokens (:func:`_kv_pools`: the
-      (region, GPU) pools, or each deployment under the hardware rule);
+      in that deployment's KV pool q from d_{k−1} on (a turn reserves its post-turn context at
+      dispatch), a return from d_{k−2} on too (it was written at turn k − 2 or before), so for
+      at least w_{k−1,b} (and w_{k−2,b}) in bucket b; a pool holds M_q tokens
+      (:func:`_kv_pools`: the (region, GPU) pools, or each deployment under the hardware
+      rule);
     - no cache survives a think time above the TTL (a turn is sent a think time after the
       previous completion; exact, not a relaxation), and a return's cache not the two think
       times since turn k − 2's completion (it has been idle at least that long).
@@ -673,9 +698,9 @@ def capacity_priced_bound(
     Summed over buckets of time b, every capacity-feasible routing x has slot occupancy
     occ_{p,b}(x) ≤ S·|b| and memory use mem_{q,b}(x) ≤ M_q·|b|. For prices λ, μ ≥ 0,
 
-        L(λ, μ) = Σ_s min_path [C_s(path) + Σ_k ∫_{I_k} λ_{p(k)} / S
-                                + Σ_k L_k ∫_{I_{k−1}} μ_{q(k)} / M_q
-                                + Σ_{k a return} L_k ∫_{I_{k−2}} μ_{q(k)} / M_q]
+        L(λ, μ) = Σ_s min_path [C_s(path) + Σ_k Σ_b w_{k,b} λ_{p(k),b} / S
+                                + Σ_k L_k Σ_b w_{k−1,b} μ_{q(k),b} / M_q
+                                + Σ_{k a return} L_k Σ_b w_{k−2,b} μ_{q(k),b} / M_q]
                   − Σ_{p,b} λ_{p,b}·|b| − Σ_{q,b} μ_{q,b}·|b|
 
     (L_k the cache tokens turn k reuses) is at most the carbon of every such x: x's path with
@@ -704,7 +729,9 @@ def capacity_priced_bound(
     iterations
         Evaluations of L after L(0, 0).
     bucket_s
-        Width of the price buckets, s.
+        Width of the price buckets, s. A narrower bucket is a tighter constraint but is charged
+        less of each holding; the defaults (24 iterations, 3,600 s) were chosen from the ascent
+        at the tuned setting (``docs/evidence/priced_convergence.py``, docs/model.md §11.1).
 
     Returns
     -------
@@ -728,47 +755,51 @@ def capacity_priced_bound(
     if iterations < 0 or not bucket_s > 0:
         raise ValueError(f"capacity_priced_bound: iterations must be ≥ 0 and bucket_s > 0, got "
                          f"{iterations}, {bucket_s}")
-    x = _bound_inputs(table, config, signal)
+    x = _bound_inputs(table, config, signal, shortest=True)
     n = len(table)
-    t0, t1 = np.empty(n), np.empty(n)
-    _held_intervals(x["starts"], x["ends"], x["arrival"], x["think"], x["max_service"], t0, t1)
-    first = table["turn"].to_numpy() == 0
-    # the interval during which the previous turn's cache is held, per row (empty at turn 0),
-    # and the one before it, when a return's cache was held too (empty at turns 0 and 1)
-    p0 = np.where(first, 0.0, np.roll(t0, 1))
-    p1 = np.where(first, 0.0, np.roll(t1, 1))
-    early = first | np.roll(first, 1)
-    pp0 = np.where(early, 0.0, np.roll(t0, 2))
-    pp1 = np.where(early, 0.0, np.roll(t1, 2))
-    origin = float(t0.min())
-    n_b = max(1, math.ceil((float(t1.max()) - origin) / bucket_s))
+    lo, hi, gap = np.empty(n), np.empty(n), np.empty(n)
+    _dispatch_windows(x["starts"], x["ends"], x["arrival"], x["think"], x["max_service"],
+                      x["min_service"], lo, hi, gap)
+    origin = float(lo.min())
+    end = float((hi + gap).max())
+    n_b = max(1, math.ceil((end - origin) / bucket_s))
     width = np.full(n_b, bucket_s)
-    width[-1] = max(float(t1.max()) - origin - (n_b - 1) * bucket_s, 1e-9)
+    width[-1] = max(end - origin - (n_b - 1) * bucket_s, 1e-9)
+    # W[k, b]: the least time turn k's session holds its slot (and the cache turn k + 1
+    # reuses) within bucket b, whatever the policy
+    w = _holding_matrix(lo, hi, gap, origin, bucket_s, n_b)
+    first = table["turn"].to_numpy() == 0
+    rows = np.arange(n)
     slot_pool = (deps.region * len(deps.gpus) + deps.gpu).astype(np.int64)
     slots = np.full(deps.n_pools, float(backend.slots_per_pool))
     kv_pool, kv = _kv_pools(deps, backend)
     slot_of = np.append(slot_pool, -1)
     kv_of = np.append(kv_pool, -1)
-    ones = np.ones(n)
+
+    def use(pool, weight, shift, n_pools):
+        """(pools, buckets): Σ over rows i of weight[i]·W[i − shift] in row i's pool."""
+        from scipy import sparse
+
+        m = (pool >= 0) & (weight != 0) & (rows >= shift)
+        z = sparse.csr_matrix((weight[m], (pool[m], rows[m] - shift)), shape=(n_pools, n))
+        return (z @ w).toarray()
 
     def evaluate(lam: np.ndarray, mu: np.ndarray):
-        price = _interval_prices(t0, t1, lam / slots[:, None], origin, bucket_s)
-        hold = _interval_prices(p0, p1, mu / kv[:, None], origin, bucket_s)
+        price = np.ascontiguousarray(w @ (lam / slots[:, None]).T)
+        # the previous row's holding prices the cache a row reuses (zero at a first turn)
+        hold = np.ascontiguousarray(np.where(first[:, None], 0.0,
+                                             np.roll(w @ (mu / kv[:, None]).T, 1, axis=0)))
         rec = clairvoyant_bound(table, config, signal, max_tracked=max_tracked, price=price,
-                                hold=hold, kv_pool=kv_pool, ttl_s=backend.ttl_s)
+                                hold=hold, kv_pool=kv_pool, ttl_s=backend.ttl_s, _inputs=x)
         a = rec["deployment"].to_numpy()
         sp, kp = slot_of[a], kv_of[a]
         h = rec["held_tokens"].to_numpy()
         back = rec["returned"].to_numpy()
-        rows = np.arange(n)
         paid = np.where(a >= 0, price[rows, np.maximum(sp, 0)]
                         + hold[rows, np.maximum(kp, 0)] * h, 0.0)
         paid += np.where(back, hold[np.maximum(rows - 1, 0), np.maximum(kp, 0)] * h, 0.0)
-        occ = np.zeros((len(slots), n_b))
-        mem = np.zeros((len(kv), n_b))
-        _bucket_overlap(t0, t1, sp, ones, origin, bucket_s, occ)
-        _bucket_overlap(p0, p1, kp, h, origin, bucket_s, mem)
-        _bucket_overlap(pp0, pp1, np.where(back, kp, -1), h, origin, bucket_s, mem)
+        occ = use(sp, np.ones(n), 0, len(slots))
+        mem = use(kp, h, 1, len(kv)) + use(kp, np.where(back, h, 0.0), 2, len(kv))
         value = float(rec["carbon_g"].sum() + paid.sum() - (lam * width).sum()
                       - (mu * width).sum())
         # normalized use minus capacity, per bucket: (use / capacity − 1)·|b|
@@ -778,8 +809,8 @@ def capacity_priced_bound(
     lam = np.zeros((len(slots), n_b))
     mu = np.zeros((len(kv), n_b))
     value, g, rec = evaluate(lam, mu)
-    plain = float(clairvoyant_bound(table, config, signal, max_tracked=max_tracked)[
-        "carbon_g"].sum())
+    plain = float(clairvoyant_bound(table, config, signal, max_tracked=max_tracked,
+                                    _inputs=x)["carbon_g"].sum())
     with_ttl = value
     upper = float(upper_g)
     best = (value, lam.copy(), mu.copy(), rec)
@@ -845,7 +876,7 @@ def ensure_bound(workload_config: prepared.WorkloadConfig, simulation_config: Si
 
 def ensure_priced_bound(workload_config: prepared.WorkloadConfig,
                         simulation_config: SimulationConfig, upper_g: float,
-                        iterations: int = 12, bucket_s: float = 1800.0,
+                        iterations: int = 24, bucket_s: float = 3600.0,
                         cache_dir: str | os.PathLike | None = None) -> dict:
     """:func:`capacity_priced_bound` of a setting (its replay's capacity), cached (default
     ``derived_dir()/bounds``, keyed by the workload, the setting, the arguments and the code):

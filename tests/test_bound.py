@@ -30,7 +30,8 @@ from test_simulator import (
 from carbonrouter_lib import cost, prepared
 from carbonrouter_lib.bound import (
     _bound_inputs,
-    _held_intervals,
+    _dispatch_windows,
+    _holding_matrix,
     bound_candidates,
     bound_comparison,
     capacity_priced_bound,
@@ -505,29 +506,65 @@ def test_share_of_possible_saving():
 # --- the bound with capacity priced ------------------------------------------------------------
 
 
-def _held(table, values):
-    x = _bound_inputs(table, CONFIG, make_signal(values))
-    t0, t1 = np.empty(len(table)), np.empty(len(table))
-    _held_intervals(x["starts"], x["ends"], x["arrival"], x["think"], x["max_service"], t0, t1)
-    return t0, t1
+def _windows(table, values):
+    x = _bound_inputs(table, CONFIG, make_signal(values), shortest=True)
+    lo, hi, gap = (np.empty(len(table)) for _ in range(3))
+    _dispatch_windows(x["starts"], x["ends"], x["arrival"], x["think"], x["max_service"],
+                      x["min_service"], lo, hi, gap)
+    return lo, hi, gap
+
+
+def _overlap(t0, t1, origin, width, n_b):
+    """(rows, buckets): |[t0, t1) ∩ b|, s, computed directly."""
+    edges = origin + width * np.arange(n_b + 1)
+    return np.clip(np.minimum(t1[:, None], edges[None, 1:])
+                   - np.maximum(t0[:, None], edges[None, :-1]), 0.0, None)
+
+
+def test_the_holding_weights_by_hand():
+    # lo = 0, hi = 500, a gap of 300 s: the holding is [d, d + 300) or longer, d ∈ [0, 500].
+    # In one 1,000-s bucket it lasts at least 300 s; the part common to every holding, [hi_k,
+    # lo_{k+1}) = [500, 300), is empty (the former charge: 0). In 200-s buckets, each bucket's
+    # least overlap: [0, 200) 0 (d = 500), [200, 400) 0 (d = 0 leaves 100, d = 500 none),
+    # [400, 600) 0 (d = 0: none), [600, 800) 0 (d = 0: none).
+    lo, hi, gap = np.array([0.0, 0.0]), np.array([500.0, 100.0]), np.array([300.0, 300.0])
+    one = _holding_matrix(lo, hi, gap, 0.0, 1000.0, 1).toarray()
+    np.testing.assert_allclose(one, [[300.0], [300.0]])
+    fine = _holding_matrix(lo, hi, gap, 0.0, 200.0, 4).toarray()
+    # d ∈ [0, 100]: [0, 200) at least 100 (d = 100), [200, 400) at least 100 (d = 0)
+    np.testing.assert_allclose(fine, [[0, 0, 0, 0], [100, 100, 0, 0]])
+    # a session's last turn (gap 0) holds nothing after it
+    assert _holding_matrix(lo, hi, np.zeros(2), 0.0, 200.0, 4).nnz == 0
 
 
 @settings(max_examples=30, deadline=None)
-@given(workloads())
-def test_every_policy_holds_the_slot_during_the_held_intervals(case):
-    # [t0, t1) of turn k lies within [dispatch of k, dispatch of k + 1) in every replay: the
-    # time a session's slot is in turn k's region whatever the policy.
+@given(workloads(), st.sampled_from([7.0, 60.0, 1800.0]))
+def test_every_policy_holds_the_slot_at_least_the_charged_time(case, width):
+    # In every replay and every bucket of time, the session holds turn k's slot from its dispatch
+    # to turn k + 1's at least as long as the priced bound charges (W[k, b]), and the charge is
+    # at least the former one, the part common to every holding, [hi_k, lo_{k+1}).
     table, values, backend, _ = case
-    t0, t1 = _held(table, values)
+    lo, hi, gap = _windows(table, values)
     last = table["turn"].to_numpy() == table["n_turns"].to_numpy() - 1
-    assert (t1[last] == t0[last]).all() and (t1 >= t0).all()
+    assert (gap[last] == 0).all() and (gap >= 0).all()
+    origin = float(lo.min())
+    n_b = max(1, math.ceil((float((hi + gap).max()) - origin) / width))
+    w = _holding_matrix(lo, hi, gap, origin, width, n_b).toarray()
+    lo_next = np.r_[lo[1:], 0.0]
+    former = np.where(last[:, None], 0.0,
+                      _overlap(hi, np.maximum(lo_next, hi), origin, width, n_b))
+    assert (w >= former - 1e-6).all()
+    checked = 0
     for policy in [*POLICY_NAMES, "carbonrouter"]:
         rec = run(table, policy, values, backend).records.sort_values(["session", "turn"])
+        if len(capacity_rejected_sessions(rec, clairvoyant_bound(table, CONFIG,
+                                                                 make_signal(values)))):
+            continue
         d = rec["dispatch_s"].to_numpy()
-        same = rec["session"].to_numpy()[1:] == rec["session"].to_numpy()[:-1]
-        held = (t1 > t0)[:-1] & same  # non-empty intervals (not a session's last turn)
-        assert (d[:-1][held] <= t0[:-1][held] + 1e-6).all()
-        assert (d[1:][held] >= t1[:-1][held] - 1e-6).all()
+        held = _overlap(d, np.r_[d[1:], 0.0], origin, width, n_b)
+        assert (held[~last] >= w[~last] - 1e-6).all()
+        checked += 1
+    assert checked > 0
 
 
 def test_the_priced_bound_at_zero_prices_is_the_plain_bound():

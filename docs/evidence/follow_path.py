@@ -6,15 +6,15 @@ hop: docs/model.md §11.1). Is its routing one the replay can carry out? Here ev
 where the bound's path put it (:class:`carbonrouter_lib.horizon_eval.FollowPath`: that deployment
 if it is a candidate, else another GPU of the same region and model, else the least-carbon
 candidate), for the plain bound's path and for the capacity-priced bound's (its path at the best
-slot and memory prices, :func:`carbonrouter_lib.bound.capacity_priced_bound`, 12 iterations,
+slot and memory prices, :func:`carbonrouter_lib.bound.capacity_priced_bound` at its defaults,
 the router's CO2 as the step target), in three settings: the tuned one, the same with ample memory
 and the Mooncake trace (winter, paper regions and memory rule). Per setting and path: the CO2
 (kg), the share of the plain bound's possible saving over Session-Affinity, the KV hit rate
 (``metrics.summarize``'s: cached / history tokens of the served queries), the queries that went
 where the path said, to another GPU of its (region, model), or elsewhere, and the rejected
 queries; beside the router's and Session-Affinity's rows. Not online policies and not tuned:
-references for what the bound's routing is worth in the replay. About 15 minutes on two cores
-(the priced bound evaluates the DP 13 times; the followed paths run in the Python loop). Run
+references for what the bound's routing is worth in the replay. About 30 minutes on two cores
+(the priced bound evaluates the DP 25 times; the followed paths run in the Python loop). Run
 from the repository root: ``.venv/bin/python docs/evidence/follow_path.py``.
 """
 

@@ -1,17 +1,19 @@
 """How much of a session's slot holding the capacity-priced bound charges:
 ``horizon_held_intervals.csv``.
 
-:func:`carbonrouter_lib.bound.capacity_priced_bound` charges a turn k's slot over I_k = [hi_k,
-lo_{k+1}), from the latest dispatch any policy can give turn k to the earliest of turn k + 1. A
-policy holds the slot from its dispatch of k to its dispatch of k + 1, which contains I_k. But
-hi_k − lo_k adds up the longest possible service of every earlier turn (relaxation 3), so I_k
-shrinks with the turn index and is empty where that sum exceeds the think time. The priced
-bound's slot constraint is then looser than the replay's by the holding it does not charge. Per
-setting (the tuned one, the same with ample memory, the Mooncake trace in winter): over the
-turns that are not a session's last and that the router served with the next turn served too,
-the seconds the bound charges (Σ |I_k|), the seconds the router's replay held (Σ d_{k+1} − d_k),
-their ratio, the share of those turns with an empty I_k, and the same by turn index (k = 0,
-1–2, 3–6, 7+, 0-based).
+A policy holds turn k's slot from its dispatch of k to its dispatch of k + 1.
+:func:`carbonrouter_lib.bound.capacity_priced_bound` charges, per bucket of time, the least
+holding any policy can have there (``bound._holding_weights``: d_k anywhere in [lo_k, hi_k],
+d_{k+1} at least the next think time plus turn k's shortest service later). Until 2026-12-06 it
+charged only the part common to every holding, I_k = [hi_k, lo_{k+1}); hi_k − lo_k adds up the
+longest possible service of every earlier turn (relaxation 3), so I_k shrank with the turn index
+and was empty where that sum exceeded the think time. Per setting (the tuned one, the same with
+ample memory, the Mooncake trace in winter): over the turns that are not a session's last and
+that the router served with the next turn served too: the seconds the router's replay held
+(Σ d_{k+1} − d_k); the seconds charged now with 60-minute buckets (the default); the former
+charge (Σ |I_k|); each, and the charge with 30- and 5-minute buckets, as a share of the held
+seconds; the share of those turns with an empty I_k; the same by turn index (k = 0, 1–2, 3–6,
+7+, 0-based).
 
 Nothing here was tuned; the router is the committed default (the sweep's cache). About two
 minutes. Run from the repository root: ``.venv/bin/python docs/evidence/held_intervals.py``.
@@ -19,6 +21,7 @@ minutes. Run from the repository root: ``.venv/bin/python docs/evidence/held_int
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -38,11 +41,18 @@ def one(st: dict[str, str]) -> list[dict]:
     """The charged and the held slot seconds in setting ``st``, all turns and by turn index."""
     wcfg, scfg = he.setting(st)
     table = prepared.prepare_workload(wcfg)
-    x = bound._bound_inputs(table, scfg, scfg.signal())
+    x = bound._bound_inputs(table, scfg, scfg.signal(), shortest=True)
     n = len(table)
-    t0, t1 = np.empty(n), np.empty(n)
-    bound._held_intervals(x["starts"], x["ends"], x["arrival"], x["think"], x["max_service"],
-                          t0, t1)
+    lo, hi, gap = np.empty(n), np.empty(n), np.empty(n)
+    bound._dispatch_windows(x["starts"], x["ends"], x["arrival"], x["think"], x["max_service"],
+                            x["min_service"], lo, hi, gap)
+    origin = float(lo.min())
+    charged = {}
+    for label, width in (("charged", 3600.0), ("charged_30min", 1800.0),
+                         ("charged_5min", 300.0)):
+        n_b = math.ceil((float((hi + gap).max()) - origin) / width)
+        charged[label] = np.asarray(
+            bound._holding_matrix(lo, hi, gap, origin, width, n_b).sum(axis=1)).ravel()
     rec = sweep.run_one(sweep.RunSpec.make(wcfg, scfg, he.TARGET))
     rec = rec.set_index(["session", "turn"]).loc[
         list(zip(table["session"], table["turn"], strict=True))]
@@ -52,15 +62,20 @@ def one(st: dict[str, str]) -> list[dict]:
     nxt = np.r_[session[1:] == session[:-1], False]  # the session has a next turn
     d_next = np.r_[d[1:], np.nan]
     ok = nxt & np.isfinite(d) & np.isfinite(d_next)  # both served by the router
-    charged = np.maximum(t1 - t0, 0.0)
+    former = np.maximum(np.r_[lo[1:], 0.0] - hi, 0.0)  # |[hi_k, lo_{k+1})|
     held = d_next - d
     rows = []
-    for lo, hi, label in ((0, 10**9, "all"), *TURNS):
-        m = ok & (turn >= lo) & (turn <= hi)
-        rows.append({**st, "turns": label, "queries": int(m.sum()),
-                     "charged_s": float(charged[m].sum()), "held_s": float(held[m].sum()),
-                     "charged_share": float(charged[m].sum() / held[m].sum()),
-                     "empty_share": float((charged[m] <= 0).mean())})
+    for lo_k, hi_k, label in ((0, 10**9, "all"), *TURNS):
+        m = ok & (turn >= lo_k) & (turn <= hi_k)
+        h = held[m].sum()
+        rows.append({**st, "turns": label, "queries": int(m.sum()), "held_s": float(h),
+                     "charged_s": float(charged["charged"][m].sum()),
+                     "charged_share": float(charged["charged"][m].sum() / h),
+                     "charged_30min_share": float(charged["charged_30min"][m].sum() / h),
+                     "charged_5min_share": float(charged["charged_5min"][m].sum() / h),
+                     "former_charged_s": float(former[m].sum()),
+                     "former_share": float(former[m].sum() / h),
+                     "former_empty_share": float((former[m] <= 0).mean())})
     return rows
 
 

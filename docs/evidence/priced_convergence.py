@@ -1,21 +1,24 @@
 """Does the capacity-priced bound depend on two settings nobody chose, the iterations of its
-subgradient ascent (12) and the width of its price buckets (30 minutes)? At the tuned setting:
-``horizon_priced_convergence.csv``.
+subgradient ascent and the width of its price buckets? At the tuned setting:
+``horizon_priced_convergence.csv``; the defaults (24 iterations, 60-minute buckets) were chosen
+from it.
 
 :func:`carbonrouter_lib.bound.capacity_priced_bound` prices every (region, GPU) pool's slots and
 every KV pool's memory per bucket of time and keeps the largest Lagrangian value its projected
 subgradient ascent reaches in ``iterations`` steps. Every iterate is a valid lower bound, so
-running longer or pricing narrower buckets (a bucket's constraint, use ≤ capacity × width, is
-implied by the instantaneous one for any width; narrower buckets are tighter constraints) can
-only show how far the default's value is from what the relaxation can give. Here both settings
-are taken well past the default: 48 iterations with 30-minute buckets (the steps do not depend
-on the number of iterations, so its first 12 are the default's) and 48 with 5-minute buckets.
-The step target is the router's CO2, as in ``follow_path.py``. Per iteration: the Lagrangian
-value, the largest so far, the share of the paths' slot and memory use above capacity, and the
-router's share of the saving over Session-Affinity that the largest so far says is possible.
+running longer can only show how far a shorter run is from what the relaxation can give. The
+bucket width cuts both ways: a bucket's constraint (use ≤ capacity × width) is implied by the
+instantaneous one for any width, and a narrower bucket is a tighter constraint; but a session's
+use is charged per bucket as the least holding over every dispatch time a policy can give it
+(``bound._holding_weights``), and a narrower bucket charges less of it (``held_intervals.py``).
+Here each of 30-, 60- and 5-minute buckets is taken to 48 iterations (the steps do not depend on
+the number of iterations, so the first 24 at 60 minutes are the default's). The step target is
+the router's CO2, as in ``follow_path.py``. Per iteration: the Lagrangian value, the largest so
+far, the share of the paths' slot and memory use above capacity, and the router's share of the
+saving over Session-Affinity that the largest so far says is possible.
 
-Nothing here was tuned. About 20 minutes on two cores (one run per core; an iteration is one
-evaluation of the DP over every session, about 20 s). Run from the repository root:
+Nothing here was tuned. About 35 minutes on two cores (one run per process; an iteration is one
+evaluation of the DP over every session, about 25 s). Run from the repository root:
 ``.venv/bin/python docs/evidence/priced_convergence.py``.
 """
 
@@ -33,7 +36,7 @@ from carbonrouter_lib.outputs import save_table
 
 HERE = Path(__file__).resolve().parent
 ITERATIONS = 48
-BUCKETS_S = (1800.0, 300.0)
+BUCKETS_S = (1800.0, 3600.0, 300.0)
 
 
 def _runs() -> dict[str, float]:
