@@ -3,7 +3,9 @@
 Times :func:`carbonrouter_lib.bound.clairvoyant_bound` over every session of the tuned setting
 (ShareGPT) and of the Mooncake trace in winter at the default scale, and one evaluation of the
 capacity-priced bound's DP at the tuned setting (random prices on every pool: every deployment a
-candidate; :func:`carbonrouter_lib.bound.capacity_priced_bound` makes one per iteration). Each
+candidate; :func:`carbonrouter_lib.bound.capacity_priced_bound` makes one per iteration), and
+:func:`~carbonrouter_lib.bound.capacity_priced_bound` itself with two iterations (the plain bound,
+three evaluations of the DP, the weights, prices and use around them; its default runs 24). Each
 is timed after a warm-up call that compiles the loop, best of ``--repeats``. Run with
 ``.venv/bin/python benchmarks/bench_bound.py`` (``make benchmarks``); prints a table.
 """
@@ -56,6 +58,10 @@ def main() -> None:
             priced()
             s = _best(priced, args.repeats)
             print(f"{'priced (one evaluation), ShareGPT (tuned)':44s} {len(table):9,d} "
+                  f"{s:7.2f} {1e6 * s / len(table):9.2f}")
+            s = _best(lambda t=table, c=scfg, b=backend: bound.capacity_priced_bound(
+                t, c, backend=b, upper_g=2.23e4, iterations=2), args.repeats)
+            print(f"{'priced bound, 2 iterations, ShareGPT (tuned)':44s} {len(table):9,d} "
                   f"{s:7.2f} {1e6 * s / len(table):9.2f}")
 
 
