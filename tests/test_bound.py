@@ -522,16 +522,15 @@ def _overlap(t0, t1, origin, width, n_b):
 
 
 def test_the_holding_weights_by_hand():
-    # lo = 0, hi = 500, a gap of 300 s: the holding is [d, d + 300) or longer, d ∈ [0, 500].
-    # In one 1,000-s bucket it lasts at least 300 s; the part common to every holding, [hi_k,
-    # lo_{k+1}) = [500, 300), is empty (the former charge: 0). In 200-s buckets, each bucket's
-    # least overlap: [0, 200) 0 (d = 500), [200, 400) 0 (d = 0 leaves 100, d = 500 none),
-    # [400, 600) 0 (d = 0: none), [600, 800) 0 (d = 0: none).
+    # Two rows, a gap of 300 s: the holding is [d, d + 300) or longer. Row 0, d ∈ [0, 500]: in
+    # one 1,000-s bucket it lasts at least 300 s, though the part common to every holding,
+    # [hi_k, lo_{k+1}) = [500, 300), is empty (the former charge: 0); in 200-s buckets every
+    # bucket can be missed (d = 0 misses [400, 800), d = 500 misses [0, 400)). Row 1,
+    # d ∈ [0, 100]: [0, 200) holds at least 100 s (d = 100), [200, 400) at least 100 s (d = 0).
     lo, hi, gap = np.array([0.0, 0.0]), np.array([500.0, 100.0]), np.array([300.0, 300.0])
     one = _holding_matrix(lo, hi, gap, 0.0, 1000.0, 1).toarray()
     np.testing.assert_allclose(one, [[300.0], [300.0]])
     fine = _holding_matrix(lo, hi, gap, 0.0, 200.0, 4).toarray()
-    # d ∈ [0, 100]: [0, 200) at least 100 (d = 100), [200, 400) at least 100 (d = 0)
     np.testing.assert_allclose(fine, [[0, 0, 0, 0], [100, 100, 0, 0]])
     # a session's last turn (gap 0) holds nothing after it
     assert _holding_matrix(lo, hi, np.zeros(2), 0.0, 200.0, 4).nnz == 0
