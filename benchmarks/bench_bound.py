@@ -59,6 +59,7 @@ def main() -> None:
             s = _best(priced, args.repeats)
             print(f"{'priced (one evaluation), ShareGPT (tuned)':44s} {len(table):9,d} "
                   f"{s:7.2f} {1e6 * s / len(table):9.2f}")
+            # the step target, g: about the router's carbon here (the time hardly depends on it)
             s = _best(lambda t=table, c=scfg, b=backend: bound.capacity_priced_bound(
                 t, c, backend=b, upper_g=2.23e4, iterations=2), args.repeats)
             print(f"{'priced bound, 2 iterations, ShareGPT (tuned)':44s} {len(table):9,d} "

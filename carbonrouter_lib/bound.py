@@ -54,6 +54,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 from numba import njit
+from scipy import sparse
 
 from carbonrouter_lib import cache, cost, prepared
 from carbonrouter_lib.carbon import CarbonSignal
@@ -239,9 +240,11 @@ def _bound_inputs(table: pd.DataFrame, config: SimulationConfig, signal: CarbonS
                   shortest: bool = False) -> dict[str, np.ndarray | float]:
     """What the bound's session loop reads: tokens per model (new, hist, out, the return credit
     :func:`return_credit`), the feasible deployments of each query (quality ∧ context window, no
-    TTFT), arrivals, think times, each query's longest possible service (s), the sessions' row
-    ranges, the signal's grid and end; with ``shortest`` also each query's shortest possible
-    service (s, ``min_service``)."""
+    TTFT), think times, each query's longest possible service (s), the window [``lo``, ``hi``]
+    of its dispatch times (s, :func:`_dispatch_windows`), the sessions' row ranges, the signal's
+    grid and end; with ``shortest`` also ``gap``, the least time (s) from each query's dispatch
+    to its session's next one: the next think time plus the query's shortest possible service
+    (its history cached on the fastest feasible deployment; 0 if rejected), 0 at a last turn."""
     deps = config.deployments()
     new = prepared.model_matrix(table, "new_tokens").astype(np.float64)
     hist = prepared.model_matrix(table, "history_tokens").astype(np.float64)
@@ -262,18 +265,24 @@ def _bound_inputs(table: pd.DataFrame, config: SimulationConfig, signal: CarbonS
     serve = cost.service_time_s(new[:, m_of], hist[:, m_of], 0.0, out[:, m_of], deps.v_pre,
                                 deps.v_dec)
     grid = signal.frame.to_numpy(np.float64)
+    think = table["think_s"].to_numpy(np.float64)
+    max_service = np.where(feasible, serve, 0.0).max(axis=1)
+    starts = starts.astype(np.int64)
+    ends = np.append(starts[1:], len(table))
+    lo, hi = np.empty(len(table)), np.empty(len(table))
+    _dispatch_windows(starts, ends, table["arrival_s"].to_numpy(np.float64), think,
+                      max_service, lo, hi)
     x = {"new": new, "hist": hist, "out": out, "credit": return_credit(new, hist, out, turn),
-         "feasible": feasible,
-         "arrival": table["arrival_s"].to_numpy(np.float64),
-         "think": table["think_s"].to_numpy(np.float64),
-         "max_service": np.where(feasible, serve, 0.0).max(axis=1),
-         "starts": starts.astype(np.int64), "ends": np.append(starts[1:], len(table)),
+         "feasible": feasible, "think": think, "max_service": max_service, "lo": lo, "hi": hi,
+         "starts": starts, "ends": ends,
          "grid": grid, "end_s": signal.row_interval(len(grid) - 1)[1]}
-    if shortest:  # the whole history cached on the fastest feasible deployment; 0 if rejected
+    if shortest:
         fast = cost.service_time_s(new[:, m_of], hist[:, m_of], hist[:, m_of], out[:, m_of],
                                    deps.v_pre, deps.v_dec)
         fast = np.where(feasible, fast, np.inf).min(axis=1)
-        x["min_service"] = np.where(np.isfinite(fast), fast, 0.0)
+        last = np.r_[session[1:] != session[:-1], True]
+        x["gap"] = np.where(last, 0.0, np.r_[think[1:], 0.0]
+                            + np.where(np.isfinite(fast), fast, 0.0))
     return x
 
 
@@ -370,7 +379,7 @@ def clairvoyant_bound(
     held = np.zeros(n)
     ret = np.zeros(n, np.bool_)
     span_lo, span_hi = signal._span_s
-    fixed = (x["arrival"], x["think"], x["max_service"], signal._t_s, float(span_lo),
+    fixed = (x["lo"], x["hi"], x["think"], signal._t_s, float(span_lo),
              float(span_hi), float(x["end_s"]), x["grid"], np.ascontiguousarray(x["feasible"]),
              cand, deps.region[cand].astype(np.int64), deps.model[cand].astype(np.int64),
              slot_col, kv_col, deps.e_in[cand].astype(np.float64),
@@ -411,7 +420,7 @@ def clairvoyant_bound(
 
 
 @njit(cache=True)
-def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, span_hi, end_s,
+def _bound_sessions(starts, ends, lo_all, hi_all, think, sig_t, span_lo, span_hi, end_s,
                     grid, feasible_all, cand, region_c, model_c, slot_c, kv_c, ec_in,
                     ec_cache, ec_out, new, hist, out, credit, track, max_tracked, price, hold,
                     ttl_s, returns, dep, carbon, energy, ci_min, coarse, held, ret):
@@ -436,17 +445,10 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
     for q in range(len(starts)):
         i0, i1 = starts[q], ends[q]
         k_turns = i1 - i0
-        # the window of dispatch times of each turn, and its minimum intensity per region
+        # the minimum intensity per region over each turn's window of dispatch times
         ci_w = np.empty((k_turns, n_regions))
-        lo = arrival[i0]
-        hi = lo
-        cum_think, cum_serve = 0.0, 0.0
         for k in range(k_turns):
-            if k > 0:
-                cum_think += think[i0 + k]
-                cum_serve += max_service[i0 + k - 1]
-            lo = arrival[i0] + cum_think
-            hi = lo + cum_serve
+            lo, hi = lo_all[i0 + k], hi_all[i0 + k]
             if not span_lo <= lo < span_hi:
                 return lo
             r_lo = np.searchsorted(sig_t, lo, side="right") - 1
@@ -581,11 +583,10 @@ def _bound_sessions(starts, ends, arrival, think, max_service, sig_t, span_lo, s
 # ---------------------------------------------------------------------------------------------
 
 @njit(cache=True)
-def _dispatch_windows(starts, ends, arrival, think, max_service, min_service, lo, hi, gap):
-    """Per row, the window [lo_k, hi_k] of the dispatch times any policy can give turn k (the
-    windows of :func:`_bound_sessions`, the same arithmetic) and ``gap``: the least time from
-    its dispatch to the next turn's, think_{k+1} + its shortest possible service (0 for a
-    session's last turn)."""
+def _dispatch_windows(starts, ends, arrival, think, max_service, lo, hi):
+    """Per row, the window [lo_k, hi_k] of the dispatch times any policy can give turn k
+    (relaxation 3): from ``arrival + Σ think`` (zero service times) to that plus the longest
+    possible service of every earlier turn, s."""
     for q in range(len(starts)):
         i0, i1 = starts[q], ends[q]
         cum_think, cum_serve = 0.0, 0.0
@@ -595,7 +596,6 @@ def _dispatch_windows(starts, ends, arrival, think, max_service, min_service, lo
                 cum_serve += max_service[i0 + k - 1]
             lo[i0 + k] = arrival[i0] + cum_think
             hi[i0 + k] = lo[i0 + k] + cum_serve
-            gap[i0 + k] = think[i0 + k + 1] + min_service[i0 + k] if k < i1 - i0 - 1 else 0.0
 
 
 @njit(cache=True)
@@ -632,11 +632,23 @@ def _holding_weights(lo, hi, gap, origin, width, n_b, count_only, indptr, idx, w
                 pos += 1
 
 
-def _holding_matrix(lo: np.ndarray, hi: np.ndarray, gap: np.ndarray, origin: float,
-                    width: float, n_b: int):
-    """(rows, buckets) sparse matrix of :func:`_holding_weights`, s."""
-    from scipy import sparse
+def _holding(x: dict, bucket_s: float):
+    """The buckets of :func:`capacity_priced_bound` over the dispatch windows of ``x``
+    (:func:`_bound_inputs` with ``shortest``): the (rows, buckets) sparse matrix W of
+    :func:`_holding_weights` (s), the first bucket's start (s) and each bucket's width (s; the
+    last ends where the last holding can)."""
+    lo, hi, gap = x["lo"], x["hi"], x["gap"]
+    origin = float(lo.min())
+    end = float((hi + gap).max())
+    n_b = max(1, math.ceil((end - origin) / bucket_s))
+    width = np.full(n_b, bucket_s)
+    width[-1] = max(end - origin - (n_b - 1) * bucket_s, 1e-9)
+    return _holding_matrix(lo, hi, gap, origin, bucket_s, n_b), origin, width
 
+
+def _holding_matrix(lo: np.ndarray, hi: np.ndarray, gap: np.ndarray, origin: float,
+                    width: float, n_b: int) -> sparse.csr_matrix:
+    """(rows, buckets) sparse matrix of :func:`_holding_weights`, s."""
     n = len(lo)
     indptr = np.zeros(n + 1, np.int64)
     none_i, none_f = np.zeros(0, np.int64), np.zeros(0)
@@ -757,17 +769,10 @@ def capacity_priced_bound(
                          f"{iterations}, {bucket_s}")
     x = _bound_inputs(table, config, signal, shortest=True)
     n = len(table)
-    lo, hi, gap = np.empty(n), np.empty(n), np.empty(n)
-    _dispatch_windows(x["starts"], x["ends"], x["arrival"], x["think"], x["max_service"],
-                      x["min_service"], lo, hi, gap)
-    origin = float(lo.min())
-    end = float((hi + gap).max())
-    n_b = max(1, math.ceil((end - origin) / bucket_s))
-    width = np.full(n_b, bucket_s)
-    width[-1] = max(end - origin - (n_b - 1) * bucket_s, 1e-9)
     # W[k, b]: the least time turn k's session holds its slot (and the cache turn k + 1
     # reuses) within bucket b, whatever the policy
-    w = _holding_matrix(lo, hi, gap, origin, bucket_s, n_b)
+    w, origin, width = _holding(x, bucket_s)
+    n_b = len(width)
     first = table["turn"].to_numpy() == 0
     rows = np.arange(n)
     slot_pool = (deps.region * len(deps.gpus) + deps.gpu).astype(np.int64)
@@ -778,8 +783,6 @@ def capacity_priced_bound(
 
     def use(pool, weight, shift, n_pools):
         """(pools, buckets): Σ over rows i of weight[i]·W[i − shift] in row i's pool."""
-        from scipy import sparse
-
         m = (pool >= 0) & (weight != 0) & (rows >= shift)
         z = sparse.csr_matrix((weight[m], (pool[m], rows[m] - shift)), shape=(n_pools, n))
         return (z @ w).toarray()

@@ -30,7 +30,6 @@ from test_simulator import (
 from carbonrouter_lib import cost, prepared
 from carbonrouter_lib.bound import (
     _bound_inputs,
-    _dispatch_windows,
     _holding_matrix,
     bound_candidates,
     bound_comparison,
@@ -424,7 +423,8 @@ def _reference_bound(table: pd.DataFrame, config, signal, max_tracked: int) -> p
     deps = config.deployments()
     x = _bound_inputs(table, config, signal)
     new, hist, out, feasible_all = x["new"], x["hist"], x["out"], x["feasible"]
-    arrival, think, max_service = x["arrival"], x["think"], x["max_service"]
+    think, max_service = x["think"], x["max_service"]
+    arrival = table["arrival_s"].to_numpy(np.float64)
     starts, ends, grid, end_s = x["starts"], x["ends"], x["grid"], x["end_s"]
     turn = table["turn"].to_numpy(np.int64)
     cand = bound_candidates(deps)
@@ -508,10 +508,7 @@ def test_share_of_possible_saving():
 
 def _windows(table, values):
     x = _bound_inputs(table, CONFIG, make_signal(values), shortest=True)
-    lo, hi, gap = (np.empty(len(table)) for _ in range(3))
-    _dispatch_windows(x["starts"], x["ends"], x["arrival"], x["think"], x["max_service"],
-                      x["min_service"], lo, hi, gap)
-    return lo, hi, gap
+    return x["lo"], x["hi"], x["gap"]
 
 
 def _overlap(t0, t1, origin, width, n_b):

@@ -21,7 +21,6 @@ minutes. Run from the repository root: ``.venv/bin/python docs/evidence/held_int
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -42,17 +41,10 @@ def one(st: dict[str, str]) -> list[dict]:
     wcfg, scfg = he.setting(st)
     table = prepared.prepare_workload(wcfg)
     x = bound._bound_inputs(table, scfg, scfg.signal(), shortest=True)
-    n = len(table)
-    lo, hi, gap = np.empty(n), np.empty(n), np.empty(n)
-    bound._dispatch_windows(x["starts"], x["ends"], x["arrival"], x["think"], x["max_service"],
-                            x["min_service"], lo, hi, gap)
-    origin = float(lo.min())
-    charged = {}
-    for label, width in (("charged", 3600.0), ("charged_30min", 1800.0),
-                         ("charged_5min", 300.0)):
-        n_b = math.ceil((float((hi + gap).max()) - origin) / width)
-        charged[label] = np.asarray(
-            bound._holding_matrix(lo, hi, gap, origin, width, n_b).sum(axis=1)).ravel()
+    lo, hi = x["lo"], x["hi"]
+    charged = {label: np.asarray(bound._holding(x, width)[0].sum(axis=1)).ravel()
+               for label, width in (("charged", 3600.0), ("charged_30min", 1800.0),
+                                    ("charged_5min", 300.0))}
     rec = sweep.run_one(sweep.RunSpec.make(wcfg, scfg, he.TARGET))
     rec = rec.set_index(["session", "turn"]).loc[
         list(zip(table["session"], table["turn"], strict=True))]
