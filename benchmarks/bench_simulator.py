@@ -68,7 +68,9 @@ VARIANTS = {f"{horizon_eval.TARGET} w/o slot price": (horizon_eval.TARGET,
                                                       horizon_eval.VARIANTS["w/o slot price"]),
             # the TTFT price with an SLO some candidates miss, so that it is priced and ν moves
             f"{horizon_eval.TARGET} with a 0.5-s TTFT SLO": (horizon_eval.TARGET,
-                                                             {"ttft_slo_s": 0.5})}
+                                                             {"ttft_slo_s": 0.5}),
+            f"{horizon_eval.TARGET} with the return exit": (horizon_eval.TARGET,
+                                                            {"exit": "return"})}
 _GATES: dict[tuple, gate.LearnedGate] = {}
 
 

@@ -300,7 +300,7 @@ def _forest(f, z, left, right, feature, threshold, default_left, tree_start, n_t
 def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new_m, out_m,
                    stay_m, e_in, e_cache, e_out, region, model, kv_pool, keep, n_models,
                    cache_survival, model_stickiness, fallback, eligible, phi, use_fallback,
-                   option, mask, dom, stay_j=None, exit_j=None):
+                   option, mask, dom, stay_j=None, exit_j=None, ret_dep=None, ret_len=None):
     """The expected carbon of the session's future turns on each deployment, gCO2e, written to
     ``future`` (n,) (``miss``: scratch (n,); ``work``: scratch of :func:`horizon_work_size`, so
     that a decision allocates nothing); the sum of :mod:`carbonrouter_lib.policies.horizon`.
@@ -322,7 +322,14 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
     session's future turns (:func:`told_models`): turn j's q_m is ``stay_j[m, j]`` and, where
     ``exit_j[j]`` ≥ 0, its exit the least recomputing deployment of model ``exit_j[j]``. None for
     every online router: Numba compiles a version without the told branches (it prunes ``is
-    None`` tests of arguments), so they cost the online router nothing."""
+    None`` tests of arguments), so they cost the online router nothing. ``ret_dep`` and
+    ``ret_len`` (models,) are the *return exit*'s (``HorizonRouter(exit="return")``, with
+    ``use_fallback``; :func:`return_targets`): per model m′ the deployment holding the session's
+    longest cache of m′ (−1: none) and its length, tokens. An exit to m′ at turn j may then
+    return there, its cache surviving the j + 1 think times with chance p^(j+1) (p its KV pool's
+    ``keep``): the exit's term for m′ is E_j − p^(j+1)·max(E_j − R_j, 0), E_j the least
+    recomputing turn of m′ (as without it) and R_j the return's carbon, the cached tokens at
+    e_cache and the rest recomputed, at the forecast of the cache's region."""
     n_r, n_j = fc.shape
     a_r, b_r = work[:n_r], work[n_r:2 * n_r]
     best = work[2 * n_r:2 * n_r + n_models]
@@ -482,6 +489,10 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
                                     if m2 != m and best[m2] < ex:
                                         ex = best[m2]
                         w_ex[m * n_j + j] = c_lo * ex
+        if ret_dep is not None and model_stickiness and use_fallback and stay_j is None:
+            _return_exit(w_ex, ret_dep, ret_len, need, fallback, alpha, beta, fc, fc_lo,
+                         e_in, e_cache, region, model, kv_pool, keep, cache_survival, block,
+                         n_models)
         for d in range(nd):
             if not mask[d]:
                 continue
@@ -562,6 +573,66 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
         for d in range(nd):
             q = stay_m[model[d]]
             future[d] = q * future[d] + (1 - q) * move[model[d]]
+
+
+@njit(**_LEAF)
+def _return_exit(w_ex, ret_dep, ret_len, need, fallback, alpha, beta, fc, fc_lo, e_in, e_cache,
+                 region, model, kv_pool, keep, cache_survival, block, n_models):
+    """The return exit's correction of :func:`horizon_future`'s exit rows ``w_ex`` (models × J,
+    gCO2e): for each candidate model m with an exit and each fallback model m′ the session has
+    a cache of (``ret_dep[m′]`` ≥ 0), the fallback's weight of m′ times p^(j+1)·max(E_j − R_j,
+    0) is taken off turn j's exit (E_j: m′'s least recomputing turn, forecast least intensity
+    times least energy; R_j: returning to the cache at the forecast of its region). The
+    fallback's weights are normalized over the models with a deployment, as the exit's."""
+    n_j = fc.shape[1]
+    for m in range(n_models):
+        if need[m] == 0.0 or not w_ex[m * n_j] < np.inf:
+            continue
+        ws = 0.0
+        for m2 in range(n_models):
+            if m2 != m and fallback[m, m2] > 0.0:
+                for b in range(block):
+                    if model[b] == m2:
+                        ws += fallback[m, m2]
+                        break
+        if ws <= 0.0:
+            continue
+        for m2 in range(n_models):
+            h = ret_dep[m2]
+            w = fallback[m, m2]
+            if m2 == m or h < 0 or w <= 0.0:
+                continue
+            r_h = region[h]
+            bh = h - r_h * block
+            saved = (e_in[bh] - e_cache[bh]) * ret_len[m2]
+            p = keep[kv_pool[h]] if cache_survival else 1.0
+            pj = p
+            for j in range(n_j):
+                e_best = np.inf
+                for b in range(block):
+                    if model[b] == m2:
+                        e = alpha[b] + j * beta[b]
+                        if e < e_best:
+                            e_best = e
+                here = fc_lo[j] * e_best
+                back = fc[r_h, j] * (alpha[bh] + j * beta[bh] - saved)
+                if back < here:
+                    w_ex[m * n_j + j] -= (w / ws) * pj * (here - back)
+                pj *= p
+
+
+@njit(**_LEAF)
+def return_targets(ret_dep, ret_len, cached, model):
+    """Per model, the deployment holding the session's longest cache (``cached`` (deployments,)
+    L(a), tokens; the first on ties; −1 where none) into ``ret_dep`` and its length into
+    ``ret_len``: the return exit's targets (:func:`horizon_future`), one function for both
+    replay loops."""
+    ret_dep[:] = -1
+    ret_len[:] = 0.0
+    for b in range(len(cached)):
+        m = model[b]
+        if cached[b] > ret_len[m]:
+            ret_dep[m], ret_len[m] = b, cached[b]
 
 
 @njit(**_LEAF)
@@ -961,7 +1032,7 @@ def _replay(
     h_j, h_online, h_rho, h_smoothing, h_cache_survival, h_stickiness, h_release, h_survival,
     h_new, h_out, h_stay, h_keep0, h_fc, h_row0, h_fold, h_sfold, h_slot, h_slot_s, h_surv_sum,
     h_tau, h_slot_res, h_slot_credit, h_fallback, h_eligible, h_use_fallback, h_option, h_ref,
-    h_tg_slo, h_tg_share, h_tg_step, h_told_m, h_tfeas, h_tstart, h_conv,
+    h_tg_slo, h_tg_share, h_tg_step, h_told_m, h_tfeas, h_tstart, h_conv, h_return,
     c_row, c_dep, c_disp, c_compl, c_cached, c_ttft, c_be, c_rej, c_switch, c_opp, c_block,
     counters, time_decisions, dec_cyc,
 ):
@@ -1032,6 +1103,8 @@ def _replay(
     future = np.zeros(nd)
     miss_buf = np.zeros(nd)
     post_m = np.zeros(n_m)
+    ret_dep = np.full(n_m, -1, np.int64)  # the return exit's targets, per model
+    ret_len = np.zeros(n_m)
     h_work = np.empty(horizon_work_size(n_regions, n_m, nd, max(h_j, 1)))
     bw = _Branch(np.empty(n_pools, np.int64), np.empty(nd, np.int64), np.empty(nd),
                  np.empty(nd, np.bool_), np.empty(nd), np.empty(nd), np.empty(nd, np.bool_),
@@ -1244,6 +1317,14 @@ def _replay(
                                model, kvp_of, h_keep, n_m, h_cache_survival, h_stickiness,
                                h_fallback[fo], h_eligible[fo], h_phi, h_use_fallback, h_option,
                                mask, h_dom, h_stay_j, h_exit_j)
+            elif h_return:
+                return_targets(ret_dep, ret_len, cached, model)
+                horizon_future(future, miss_buf, h_work, h_survival[sf, kk, :h_j], rho_now,
+                               h_fc[fr, fo], h_fc_lo[fr, fo], h_fc_arg[fr, fo], post_m,
+                               h_new[fo], h_out[fo], h_stay[fo], e_in, e_cache, e_out, region,
+                               model, kvp_of, h_keep, n_m, h_cache_survival, h_stickiness,
+                               h_fallback[fo], h_eligible[fo], h_phi, h_use_fallback, h_option,
+                               mask, h_dom, None, None, ret_dep, ret_len)
             else:
                 horizon_future(future, miss_buf, h_work, h_survival[sf, kk, :h_j], rho_now,
                                h_fc[fr, fo], h_fc_lo[fr, fo], h_fc_arg[fr, fo], post_m,
@@ -1563,7 +1644,7 @@ def rule(name: str, **params) -> dict:
                 h_eligible=np.ones((1, 1), np.bool_), h_use_fallback=False, h_option=False,
                 h_ref=0, h_tg_slo=0.0, h_tg_share=0.05, h_tg_step=0.05, h_told_m=False,
                 h_tfeas=np.zeros((1, 1), np.bool_), h_tstart=np.zeros(2, np.int64),
-                h_conv=np.zeros(1, np.int64))
+                h_conv=np.zeros(1, np.int64), h_return=False)
     unknown = set(params) - set(spec)
     if unknown:
         raise ValueError(f"kernel.rule: unknown parameters {sorted(unknown)}")

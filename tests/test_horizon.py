@@ -325,10 +325,11 @@ def test_forecast_noise_is_seeded_mean_preserving_and_only_noise():
 
 def _reference_future(surv, rho, fc, post_m, new_m, out_m, stay_m, e_in, e_cache, e_out,
                       region, model, kv_pool, keep, cache_survival, stickiness, fallback,
-                      eligible, phi, use_fallback, option, told=None):
+                      eligible, phi, use_fallback, option, told=None, returns=None):
     """The future term of policies/horizon.py written out turn by turn in numpy (the former
     router, neither part on: its exit is the deployment of least *total* recomputation).
-    ``told``: (stay_j, exit_j), the models of the future turns told (turn j's q_m and exit)."""
+    ``told``: (stay_j, exit_j), the models of the future turns told (turn j's q_m and exit);
+    ``returns``: (ret_dep, ret_len), the return exit's caches per model."""
     n_m = len(new_m)
     total = np.zeros(len(e_in))
     legacy = not (use_fallback or option or told is not None)
@@ -348,7 +349,15 @@ def _reference_future(surv, rho, fc, post_m, new_m, out_m, stay_m, e_in, e_cache
             best = np.array([miss[model == k].min() for k in range(n_m)])
             if use_fallback:
                 w = fallback * (1 - np.eye(n_m))
-                ex = (w * best[None, :]).sum(axis=1) / w.sum(axis=1)
+                to = np.repeat(best[None, :], n_m, axis=0)  # [m, m′]: a fall from m to m′
+                if returns is not None:
+                    for m2, (h, length) in enumerate(zip(*returns, strict=True)):
+                        if h < 0:
+                            continue
+                        back = miss[h] - c[h] * (e_in[h] - e_cache[h]) * length
+                        p = keep[kv_pool[h]] if cache_survival else 1.0
+                        to[:, m2] = best[m2] - p ** (j + 1) * max(best[m2] - back, 0.0)
+                ex = (w * to).sum(axis=1) / w.sum(axis=1)
             else:
                 ex = np.array([np.delete(best, k).min() for k in range(n_m)])
             if told is None:
@@ -417,6 +426,28 @@ def test_the_future_term_is_its_formula(use_fallback, option, survival, stickine
     np.testing.assert_allclose(future[priced], expected[priced], rtol=1e-12)
     if not stickiness:
         return
+    if use_fallback:
+        # the return exit: with no cache of any model the fallback exit to the bit; with caches
+        # (one model's clean and long enough to pay, one's not), each fall to a cached model
+        # the cheaper of recomputing and returning, the return weighted by p^(j+1)
+        learned = future.copy()
+        ret_dep, ret_len = np.full(n_m, -1, np.int64), np.zeros(n_m)
+        kernel.horizon_future(future, miss, work, *args[:3], fc_lo, fc_arg, *args[3:], n_m,
+                              survival, stickiness, fallback, eligible, phi, use_fallback,
+                              option, mask, dom, None, None, ret_dep, ret_len)
+        np.testing.assert_array_equal(future, learned)
+        ret_dep[[1, 3]] = [int(np.flatnonzero(model == 1)[np.argmin(fc[region[model == 1], 0])]),
+                           int(np.flatnonzero(model == 3)[-1])]
+        ret_len[[1, 3]] = [args[3][1], 0.2 * args[3][3]]
+        kernel.horizon_future(future, miss, work, *args[:3], fc_lo, fc_arg, *args[3:], n_m,
+                              survival, stickiness, fallback, eligible, phi, use_fallback,
+                              option, mask, dom, None, None, ret_dep, ret_len)
+        expected = _reference_future(*args, survival, stickiness, fallback, eligible, phi,
+                                     use_fallback, option, returns=(ret_dep, ret_len))
+        np.testing.assert_allclose(future[mask], expected[mask], rtol=1e-12)
+        assert (future[mask] <= learned[mask] + 1e-9).all()  # a return can only be cheaper
+        assert (future[mask] < learned[mask] - 1e-6).any()
+        future[:] = learned
     # told the models of the future turns: told exactly the learned values, the same future
     # (the turn-by-turn sum); told other values, turn j's q_m and exit as told
     learned = future.copy()
@@ -765,3 +796,18 @@ def test_the_told_references_are_validated_and_recorded():
     turns = fit_horizon_model(table, horizon=4, tell_turns=True).turns
     conv = prepared.conversation_codes(table)
     np.testing.assert_array_equal(turns[conv], table["n_turns"].to_numpy())
+
+
+def test_return_targets_are_each_models_longest_cache():
+    # kernel.return_targets: per model the deployment of the session's longest cache (the
+    # first on ties), −1 and 0 where it has none; it overwrites what a previous query left
+    from carbonrouter_lib import kernel
+
+    model = np.array([0, 1, 2, 0, 1, 2, 0, 1, 2])
+    cached = np.array([0.0, 50.0, 0.0, 80.0, 50.0, 0.0, 30.0, 20.0, 0.0])
+    ret_dep, ret_len = np.array([7, 7, 7]), np.array([9.0, 9.0, 9.0])
+    kernel.return_targets(ret_dep, ret_len, cached, model)
+    assert ret_dep.tolist() == [3, 1, -1] and ret_len.tolist() == [80.0, 50.0, 0.0]
+    with pytest.raises(ValueError, match="exit='return'"):
+        HorizonRouter(exit="return", future_models="told")
+    assert HorizonRouter(exit="return").params()["exit"] == "return"

@@ -87,6 +87,9 @@ def policies(gate: LearnedGate, table: pd.DataFrame, config: SimulationConfig):
     yield "horizon fallback exit, no option", HorizonRouter(option=False)
     yield "horizon option, cheapest exit, no survival", HorizonRouter(
         exit="cheapest", cache_survival=False, smoothing=0.3)
+    yield "horizon return exit", HorizonRouter(exit="return", smoothing=0.3)
+    yield "horizon return exit, no option, no survival", HorizonRouter(
+        exit="return", option=False, cache_survival=False)
     # references told the future (docs/evidence/told.py)
     yield "horizon told the intensities and the session length", HorizonRouter(
         forecast="clairvoyant", session_length="told")
@@ -231,3 +234,20 @@ def test_labeler_keeps_the_order_of_its_replays():
     assert len(alone["python"]) > 0
     pd.testing.assert_frame_equal(both.frame(), pd.concat([alone["python"], alone["compiled"]],
                                                           ignore_index=True), check_exact=True)
+
+
+def test_the_return_exit_changes_decisions_the_engines_agree_on():
+    # the workload of test_engines_agree_under_pressure, where both loops give the return exit's
+    # records to the bit: there it also routes otherwise than the fallback exit (so that the
+    # agreement covers its branch)
+    table = random_workload(1, 250, 3 * 3600)
+    config = SimulationConfig(regions=REGIONS3, d_ttft_s=1.5)
+    signal = random_signal(2, REGIONS3, 12 * 24)
+    backend = BackendConfig(slots_per_pool=2, kv_tokens_per_pool=60000.0, ttl_s=600.0)
+    deps = {}
+    for exit_ in ("fallback", "return"):
+        policy = build_policy(HorizonRouter(exit=exit_, smoothing=0.3), table, config,
+                              signal=signal, backend=backend)
+        deps[exit_] = simulate(table, policy, config, signal, backend,
+                               engine="compiled").records["deployment"].to_numpy()
+    assert (deps["fallback"] != deps["return"]).sum() > 10

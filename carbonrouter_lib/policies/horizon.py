@@ -62,6 +62,24 @@ off for ablations: ``horizon=0`` (no horizon pricing), ``forecast="persistence"`
 session's previous deployment it asks the backend to drop the cache left there (it would only
 crowd other sessions' caches), via :meth:`Policy.released`.
 
+The *return exit* (``exit="return"``, a variant). The fallback exit prices a fall from m to m′
+as recomputing the history on m′'s least-carbon deployment, even where the session still has a
+cache of m′: the one it left when it moved to m. A session that hops from the 70B to a small
+model and comes back finds that cache if it survived, and the clairvoyant bound's paths do just
+that (a quarter of their later turns on ShareGPT return to a cache, docs/model.md §11.4c). With
+``exit="return"``, for each fallback model m′ with a cache of the session on deployment h (the
+longest, L_h tokens; :func:`carbonrouter_lib.kernel.return_targets`), the exit's term of m′ at
+turn k + j is
+
+    E_j(m′) − p_h^(j+1)·max(E_j(m′) − R_j(h), 0),
+    R_j(h) = Î_{r(h)}(d + j·τ)·(E⁻_j(h) − (e_in − e_cache)·L_h)
+
+E_j(m′) = M_j(m′) the least recomputing turn of m′ as before, E⁻_j(h) turn k + j on h with its
+history recomputed, p_h the chance h's cache survives a think time (its KV pool's, as for p_a),
+raised to the j + 1 think times the cache waits: the session takes the cheaper of the two if the
+cache is still there. With no cache of m′ it is the fallback exit. It reads only the session's
+caches at dispatch.
+
 The *slot price* (``slot_price``; on by default where J ≥ 1, ``slot_price=False`` is the router
 without it) prices the session slot a choice takes from the next sessions (docs/model.md
 §11.4a): a session holds its (region, GPU) pool's slot until it ends, and a full clean pool
@@ -133,7 +151,7 @@ __all__ = ["HorizonModel", "HorizonRouter", "fit_horizon_model", "forecast_error
 #: ``model=LEARNED``: the horizon model is fitted on the replayed workload by the runner.
 LEARNED = "learned"
 #: Where model stickiness sends a session whose model turns infeasible (``HorizonRouter.exit``).
-EXITS: tuple[str, ...] = ("fallback", "cheapest")
+EXITS: tuple[str, ...] = ("fallback", "cheapest", "return")
 #: Where S_k(j) comes from (``HorizonRouter.session_length``): the training sessions, or the
 #: session's own number of turns (a reference that reads the future).
 SESSION_LENGTHS: tuple[str, ...] = ("learned", "told")
@@ -382,7 +400,9 @@ class HorizonRouter(Policy):
         Where model stickiness sends a session whose model turns infeasible: ``"fallback"``
         (default) the model the training conversations fell back to
         (:attr:`HorizonModel.fallback`), ``"cheapest"`` the cheapest recomputing deployment of
-        any other model (the former router's M_j).
+        any other model (the former router's M_j), ``"return"`` the fallback, except that a
+        fallback model m′ the session still has a cache of may be served there: a variant
+        (module docstring, "The return exit").
     slot_credit : bool
         With ``slot_price``: a switch is credited the slot it frees in the pool the session
         holds, so it pays (π_{p(a)} − π_b)·T_k (default True); False: staying in the held pool
@@ -447,6 +467,9 @@ class HorizonRouter(Policy):
             slot_price = horizon > 0
         if exit not in EXITS:
             raise ValueError(f"HorizonRouter.exit must be one of {EXITS}, got {exit!r}")
+        if exit == "return" and future_models == "told":
+            raise ValueError("HorizonRouter.exit='return' prices the learned exit; with "
+                             "future_models='told' the exit is told")
         for name, v in (("cache_survival", cache_survival), ("model_stickiness",
                                                              model_stickiness),
                         ("release", release), ("slot_price", slot_price),
@@ -584,6 +607,8 @@ class HorizonRouter(Policy):
         state.surv = survival_table(model, self.session_length == "told")
         state.surv_sum = _survival_sums(state.surv, self.horizon)
         state.stay_j = state.exit_j = None  # the told models' q_m and exits per future turn
+        state.ret_dep = np.full(len(d.models), -1, np.int64)  # the return exit's targets
+        state.ret_len = np.zeros(len(d.models))
         if self.future_models == "told":
             state.stay_j = np.ones((len(d.models), self.horizon))
             state.exit_j = np.full(self.horizon, -1, np.int64)
@@ -623,8 +648,8 @@ class HorizonRouter(Policy):
             model.stay_feasible[f], st.e_in, st.e_cache, st.e_out, st.region, st.model,
             st.kv_pool, st.keep,
             st.other_models.shape[0], self.cache_survival, self.model_stickiness,
-            model.fallback[f], model.eligible[f], st.phi, self.exit == "fallback", self.option,
-            cand.mask, st.dom, st.stay_j, st.exit_j)
+            model.fallback[f], model.eligible[f], st.phi, self.exit != "cheapest", self.option,
+            cand.mask, st.dom, st.stay_j, st.exit_j, *self._returns(ctx, st))
         total = cand.carbon + st.future
         if self.slot_price:
             total += self._slot_prices(ctx, cand, st, f, sf, k, float(rho))
@@ -634,6 +659,15 @@ class HorizonRouter(Policy):
                                cand.ttft)
             total += st.ttft_price
         return cand.argmin(total)
+
+    def _returns(self, ctx: QueryContext, st: _RunState) -> tuple:
+        """The return exit's targets (:func:`carbonrouter_lib.kernel.return_targets`) for this
+        query: per model the deployment of the session's longest cache and its length; (None,
+        None) for every other exit."""
+        if self.exit != "return":
+            return None, None
+        kernel.return_targets(st.ret_dep, st.ret_len, ctx.cached, st.model)
+        return st.ret_dep, st.ret_len
 
     def _observe(self, ctx: QueryContext) -> _RunState:
         """The run's state (bound on its first query), after this query's observation of the
@@ -729,7 +763,8 @@ class HorizonRouter(Policy):
             h_tau=np.ascontiguousarray(model.gap_s, np.float64), h_slot_res=self.slot_residence,
             h_slot_credit=self.slot_credit,
             h_fallback=model.fallback, h_eligible=model.eligible,
-            h_use_fallback=self.exit == "fallback", h_option=self.option,
+            h_use_fallback=self.exit != "cheapest", h_option=self.option,
+            h_return=self.exit == "return",
             h_ref=MODELS.index(REFERENCE_DEPLOYMENT[0]),
             h_tg_slo=0.0 if self.ttft_slo_s is None else self.ttft_slo_s,
             h_tg_share=self.ttft_share, h_tg_step=self.ttft_step,
