@@ -326,10 +326,11 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
     ``ret_len`` (models,) are the *return exit*'s (``HorizonRouter(exit="return")``, with
     ``use_fallback``; :func:`return_targets`): per model m′ the deployment holding the session's
     longest cache of m′ (−1: none) and its length, tokens. An exit to m′ at turn j may then
-    return there, its cache surviving the j + 1 think times with chance p^(j+1) (p its KV pool's
-    ``keep``): the exit's term for m′ is E_j − p^(j+1)·max(E_j − R_j, 0), E_j the least
-    recomputing turn of m′ (as without it) and R_j the return's carbon, the cached tokens at
-    e_cache and the rest recomputed, at the forecast of the cache's region."""
+    return there, its cache surviving with chance (1 − φ)·p^(j+1) (φ and p its KV pool's: the
+    chance a new cache there evicts another, and ``keep`` over the j + 1 think times): the
+    exit's term for m′ is E_j − (1 − φ)·p^(j+1)·max(E_j − R_j, 0), E_j the least recomputing
+    turn of m′ (as without it) and R_j the return's carbon, the cached tokens at e_cache and the
+    rest recomputed, at the forecast of the cache's region."""
     n_r, n_j = fc.shape
     a_r, b_r = work[:n_r], work[n_r:2 * n_r]
     best = work[2 * n_r:2 * n_r + n_models]
@@ -491,8 +492,8 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
                         w_ex[m * n_j + j] = c_lo * ex
         if ret_dep is not None and model_stickiness and use_fallback and stay_j is None:
             _return_exit(w_ex, ret_dep, ret_len, need, fallback, alpha, beta, fc, fc_lo,
-                         e_in, e_cache, region, model, kv_pool, keep, cache_survival, block,
-                         n_models)
+                         e_in, e_cache, region, model, kv_pool, keep, phi, cache_survival,
+                         block, n_models)
         for d in range(nd):
             if not mask[d]:
                 continue
@@ -577,13 +578,14 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
 
 @njit(**_LEAF)
 def _return_exit(w_ex, ret_dep, ret_len, need, fallback, alpha, beta, fc, fc_lo, e_in, e_cache,
-                 region, model, kv_pool, keep, cache_survival, block, n_models):
+                 region, model, kv_pool, keep, phi, cache_survival, block, n_models):
     """The return exit's correction of :func:`horizon_future`'s exit rows ``w_ex`` (models × J,
     gCO2e): for each candidate model m with an exit and each fallback model m′ the session has
-    a cache of (``ret_dep[m′]`` ≥ 0), the fallback's weight of m′ times p^(j+1)·max(E_j − R_j,
-    0) is taken off turn j's exit (E_j: m′'s least recomputing turn, forecast least intensity
-    times least energy; R_j: returning to the cache at the forecast of its region). The
-    fallback's weights are normalized over the models with a deployment, as the exit's."""
+    a cache of (``ret_dep[m′]`` ≥ 0), the fallback's weight of m′ times (1 − φ)·p^(j+1)·max(E_j
+    − R_j, 0) is taken off turn j's exit (E_j: m′'s least recomputing turn, forecast least
+    intensity times least energy; R_j: returning to the cache at the forecast of its region; φ
+    and p the cache's KV pool's). The fallback's weights are normalized over the models with a
+    deployment, as the exit's."""
     n_j = fc.shape[1]
     for m in range(n_models):
         if need[m] == 0.0 or not w_ex[m * n_j] < np.inf:
@@ -606,7 +608,8 @@ def _return_exit(w_ex, ret_dep, ret_len, need, fallback, alpha, beta, fc, fc_lo,
             bh = h - r_h * block
             saved = (e_in[bh] - e_cache[bh]) * ret_len[m2]
             p = keep[kv_pool[h]] if cache_survival else 1.0
-            pj = p
+            room = 1.0 - phi[kv_pool[h]]
+            pj = room * p
             for j in range(n_j):
                 e_best = np.inf
                 for b in range(block):
@@ -1306,7 +1309,7 @@ def _replay(
                 return 2, t
             for m in range(n_m):
                 post_m[m] = hist_f[at + m] + new_f[at + m] + est_f[at + m]
-            if h_option:  # would this query's context fit in each KV pool without evicting?
+            if h_option or h_return:  # would this query's context fit in each pool, no eviction?
                 observe_room(h_phi, kv_cap, used, post_m[h_ref], h_smoothing)
             rho_now = h_stayed if h_online else h_rho
             if h_told_m:

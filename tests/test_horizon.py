@@ -356,7 +356,8 @@ def _reference_future(surv, rho, fc, post_m, new_m, out_m, stay_m, e_in, e_cache
                             continue
                         back = miss[h] - c[h] * (e_in[h] - e_cache[h]) * length
                         p = keep[kv_pool[h]] if cache_survival else 1.0
-                        to[:, m2] = best[m2] - p ** (j + 1) * max(best[m2] - back, 0.0)
+                        room = 1 - phi[kv_pool[h]]
+                        to[:, m2] = best[m2] - room * p ** (j + 1) * max(best[m2] - back, 0.0)
                 ex = (w * to).sum(axis=1) / w.sum(axis=1)
             else:
                 ex = np.array([np.delete(best, k).min() for k in range(n_m)])
@@ -429,7 +430,7 @@ def test_the_future_term_is_its_formula(use_fallback, option, survival, stickine
     if use_fallback:
         # the return exit: with no cache of any model the fallback exit to the bit; with caches
         # (one model's clean and long enough to pay, one's not), each fall to a cached model
-        # the cheaper of recomputing and returning, the return weighted by p^(j+1)
+        # the cheaper of recomputing and returning, the return weighted by (1 − φ)·p^(j+1)
         learned = future.copy()
         ret_dep, ret_len = np.full(n_m, -1, np.int64), np.zeros(n_m)
         kernel.horizon_future(future, miss, work, *args[:3], fc_lo, fc_arg, *args[3:], n_m,

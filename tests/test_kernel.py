@@ -237,17 +237,22 @@ def test_labeler_keeps_the_order_of_its_replays():
 
 
 def test_the_return_exit_changes_decisions_the_engines_agree_on():
-    # the workload of test_engines_agree_under_pressure, where both loops give the return exit's
-    # records to the bit: there it also routes otherwise than the fallback exit (so that the
-    # agreement covers its branch)
-    table = random_workload(1, 250, 3 * 3600)
+    # a workload like test_engines_agree_under_pressure's with KV memory for a few contexts more
+    # (the return exit counts only on caches in pools with room), where both loops give the
+    # return exit's records to the bit and it routes otherwise than the fallback exit (so that
+    # the agreement covers its branch)
+    table = random_workload(7, 250, 3 * 3600)
     config = SimulationConfig(regions=REGIONS3, d_ttft_s=1.5)
-    signal = random_signal(2, REGIONS3, 12 * 24)
-    backend = BackendConfig(slots_per_pool=2, kv_tokens_per_pool=60000.0, ttl_s=600.0)
-    deps = {}
-    for exit_ in ("fallback", "return"):
+    signal = random_signal(8, REGIONS3, 12 * 24)
+    backend = BackendConfig(slots_per_pool=4, kv_tokens_per_pool=1e5, ttl_s=600.0)
+    records = {}
+    for exit_, engine in (("fallback", "compiled"), ("return", "compiled"), ("return", "python")):
         policy = build_policy(HorizonRouter(exit=exit_, smoothing=0.3), table, config,
                               signal=signal, backend=backend)
-        deps[exit_] = simulate(table, policy, config, signal, backend,
-                               engine="compiled").records["deployment"].to_numpy()
-    assert (deps["fallback"] != deps["return"]).sum() > 10
+        records[exit_, engine] = simulate(table, policy, config, signal, backend,
+                                          engine=engine).records
+    pd.testing.assert_frame_equal(records["return", "compiled"], records["return", "python"],
+                                  check_exact=True)
+    moved = records["fallback", "compiled"]["deployment"] != records["return", "compiled"][
+        "deployment"]
+    assert moved.sum() > 10

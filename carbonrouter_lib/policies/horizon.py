@@ -76,9 +76,14 @@ turn k + j is
 
 E_j(m′) = M_j(m′) the least recomputing turn of m′ as before, E⁻_j(h) turn k + j on h with its
 history recomputed, p_h the chance h's cache survives a think time (its KV pool's, as for p_a),
-raised to the j + 1 think times the cache waits: the session takes the cheaper of the two if the
-cache is still there. With no cache of m′ it is the fallback exit. It reads only the session's
-caches at dispatch.
+raised to the j + 1 think times the cache waits, and φ_h the chance a new cache in h's KV pool
+evicts another (the option's): the session takes the cheaper of the two if the cache is still
+there. With no cache of m′ it is the fallback exit. It reads only the session's caches at
+dispatch. Why 1 − φ_h: p is learned from what sessions find of the cache they stayed on, and a
+cache left behind in a full pool is the least recently used, evicted before those; the rule
+without the weight (commit c786c95) lost 9–18 points of the bound's possible saving on ShareGPT
+under the paper's memory rule, where five of the twelve pools are full, and gained 0.2–4.3 points
+with ample memory, where none is (its full grid, docs/evidence/return_exit.py).
 
 The *slot price* (``slot_price``; on by default where J ≥ 1, ``slot_price=False`` is the router
 without it) prices the session slot a choice takes from the next sessions (docs/model.md
@@ -683,7 +688,7 @@ class HorizonRouter(Policy):
                 pool = st.kv_pool[b]
                 st.keep[pool] = kernel.running_mean(st.keep[pool], ctx.cached[b] / hist_b,
                                                     self.smoothing)
-        if self.option:
+        if self.option or self.exit == "return":
             # does this query's context (in the reference model's tokens) fit in each KV pool
             # without evicting another cache?
             r = st.ref
