@@ -1,13 +1,14 @@
 """The clairvoyant bound with the replay's capacity put back, beside the plain bound, in settings
 of notebook 09's grids: ``horizon_priced_bound.csv``.
 
-Per setting: every online policy and the horizon router without the slot price replayed at the
+Per setting: every online policy and the horizon router (its defaults) replayed at the
 default scale (the sweep cache; ``output="summary"``), the plain bound
 (:func:`carbonrouter_lib.bound.ensure_bound`) and the capacity-priced one
 (:func:`carbonrouter_lib.bound.ensure_priced_bound`: slots and KV memory per pool priced, the
-TTL exact; its step target the best policy's CO2), and each policy's share of the saving each
-bound says is possible over Session-Affinity (:func:`carbonrouter_lib.horizon_eval.bound_shares`
-with ``priced=True``). A few minutes per setting (the priced bound evaluates the DP 13 times).
+TTL exact; its defaults, 24 iterations of 60-minute buckets; its step target the best policy's
+CO2), and each policy's share of the saving each bound says is possible over Session-Affinity
+(:func:`carbonrouter_lib.horizon_eval.bound_shares` with ``priced=True``). About ten minutes per
+setting on two cores (the priced bound evaluates the DP 25 times).
 Run from the repository root: ``.venv/bin/python docs/evidence/priced_bound.py [grid]`` (default
 ``extended``: the README's seven settings); without the oracle gate's reference runs."""
 
@@ -25,9 +26,7 @@ HERE = Path(__file__).resolve().parent
 
 def main(grid: str) -> None:
     settings, _ = he.grid_settings(grid)
-    # the router as this table was made: without the slot price (then not yet its default), the
-    # fallback exit and the option to move (he.FORMER)
-    runs = he.grid(settings, target_params={"slot_price": False, **he.FORMER}, reference_in=[])
+    runs = he.grid(settings, reference_in=[])
     results = sweep.run_sweep(list(runs["spec"]))
     shares = he.bound_shares(results, runs, priced=True)
     with atomic_path(HERE / "horizon_priced_bound.csv") as tmp:
