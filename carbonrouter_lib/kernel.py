@@ -361,7 +361,7 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
         ex_a, o = work[o:o + n_models], o + n_models  # the exit's energy: ex_a + j·ex_b
         ex_b, o = work[o:o + n_models], o + n_models
         best, o = work[o:o + n_models], o + n_models  # each model's least energy at turn j
-        vv, o = work[o:o + n_j], o + n_j  # a candidate's terms
+        vv, o = work[o:o + n_j], o + n_j  # a candidate's terms (first the return exit's scratch)
         zero = work[o:o + n_j]
         zero[:] = 0.0
         need[:] = 0.0
@@ -493,7 +493,7 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
         if ret_dep is not None and model_stickiness and use_fallback and stay_j is None:
             _return_exit(w_ex, ret_dep, ret_len, need, fallback, alpha, beta, fc, fc_lo,
                          e_in, e_cache, region, model, kv_pool, keep, phi, cache_survival,
-                         block, n_models)
+                         block, n_models, vv)
         for d in range(nd):
             if not mask[d]:
                 continue
@@ -578,49 +578,50 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
 
 @njit(**_LEAF)
 def _return_exit(w_ex, ret_dep, ret_len, need, fallback, alpha, beta, fc, fc_lo, e_in, e_cache,
-                 region, model, kv_pool, keep, phi, cache_survival, block, n_models):
+                 region, model, kv_pool, keep, phi, cache_survival, block, n_models, diff):
     """The return exit's correction of :func:`horizon_future`'s exit rows ``w_ex`` (models × J,
-    gCO2e): for each candidate model m with an exit and each fallback model m′ the session has
-    a cache of (``ret_dep[m′]`` ≥ 0), the fallback's weight of m′ times (1 − φ)·p^(j+1)·max(E_j
-    − R_j, 0) is taken off turn j's exit (E_j: m′'s least recomputing turn, forecast least
+    gCO2e): for each fallback model m′ the session has a cache of (``ret_dep[m′]`` ≥ 0) and each
+    candidate model m with an exit, the fallback's weight of m′ times (1 − φ)·p^(j+1)·max(E_j −
+    R_j, 0) is taken off turn j's exit (E_j: m′'s least recomputing turn, forecast least
     intensity times least energy; R_j: returning to the cache at the forecast of its region; φ
     and p the cache's KV pool's). The fallback's weights are normalized over the models with a
-    deployment, as the exit's."""
+    deployment, as the exit's. ``diff`` (J,): scratch for max(E_j − R_j, 0), computed once per
+    cached model."""
     n_j = fc.shape[1]
-    for m in range(n_models):
-        if need[m] == 0.0 or not w_ex[m * n_j] < np.inf:
+    for m2 in range(n_models):
+        h = ret_dep[m2]
+        if h < 0:
             continue
-        ws = 0.0
-        for m2 in range(n_models):
-            if m2 != m and fallback[m, m2] > 0.0:
-                for b in range(block):
-                    if model[b] == m2:
-                        ws += fallback[m, m2]
-                        break
-        if ws <= 0.0:
-            continue
-        for m2 in range(n_models):
-            h = ret_dep[m2]
+        r_h = region[h]
+        bh = h - r_h * block
+        saved = (e_in[bh] - e_cache[bh]) * ret_len[m2]
+        for j in range(n_j):
+            e_best = np.inf
+            for b in range(block):
+                if model[b] == m2:
+                    e = alpha[b] + j * beta[b]
+                    if e < e_best:
+                        e_best = e
+            here = fc_lo[j] * e_best
+            back = fc[r_h, j] * (alpha[bh] + j * beta[bh] - saved)
+            diff[j] = here - back if back < here else 0.0
+        p = keep[kv_pool[h]] if cache_survival else 1.0
+        room = 1.0 - phi[kv_pool[h]]
+        for m in range(n_models):
             w = fallback[m, m2]
-            if m2 == m or h < 0 or w <= 0.0:
+            if need[m] == 0.0 or m == m2 or w <= 0.0 or not w_ex[m * n_j] < np.inf:
                 continue
-            r_h = region[h]
-            bh = h - r_h * block
-            saved = (e_in[bh] - e_cache[bh]) * ret_len[m2]
-            p = keep[kv_pool[h]] if cache_survival else 1.0
-            room = 1.0 - phi[kv_pool[h]]
+            ws = 0.0
+            for m3 in range(n_models):
+                if m3 != m and fallback[m, m3] > 0.0:
+                    for b in range(block):
+                        if model[b] == m3:
+                            ws += fallback[m, m3]
+                            break
             pj = room * p
             for j in range(n_j):
-                e_best = np.inf
-                for b in range(block):
-                    if model[b] == m2:
-                        e = alpha[b] + j * beta[b]
-                        if e < e_best:
-                            e_best = e
-                here = fc_lo[j] * e_best
-                back = fc[r_h, j] * (alpha[bh] + j * beta[bh] - saved)
-                if back < here:
-                    w_ex[m * n_j + j] -= (w / ws) * pj * (here - back)
+                if diff[j] > 0.0:
+                    w_ex[m * n_j + j] -= (w / ws) * pj * diff[j]
                 pj *= p
 
 

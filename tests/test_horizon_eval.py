@@ -795,8 +795,9 @@ def test_the_committed_fresh_weeks_follow_from_their_runs():
             f"{c.get('tie', 0)} and loses in {c.get('fails', 0)}") in _readme_text()
 
 
-def _slot_credit_module():
-    spec = importlib.util.spec_from_file_location("slot_credit", EVIDENCE / "slot_credit.py")
+def _evidence_module(name: str):
+    """docs/evidence/``name``.py, imported."""
+    spec = importlib.util.spec_from_file_location(name, EVIDENCE / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -835,7 +836,7 @@ def test_the_committed_slot_credit_tables_follow_from_their_runs(grid):
     # credit on) are the committed grid's runs to the last digit (the variant's code leaves the
     # default's decisions unchanged); the verdicts follow from the table, the shares from the
     # committed bounds; the README states what the tables say.
-    sc = _slot_credit_module()
+    sc = _evidence_module("slot_credit")
     t, v, b = _variant_grid(f"horizon_slot_credit_{grid}", grid, sc.CREDIT)
     # what the README says of the variant
     readme = _readme_text()
@@ -858,7 +859,7 @@ def test_the_readme_states_how_the_slot_credit_moves_ttft_and_carbon():
     # with ample memory on ShareGPT the credit recomputes more history than CarbonRouter and
     # the variant less; the variant's lead over the best other policy there; what it costs on
     # ShareGPT over both grids; how often each reaches 70% of the bound.
-    sc = _slot_credit_module()
+    sc = _evidence_module("slot_credit")
     readme = _readme_text()
     t = pd.read_csv(EVIDENCE / "horizon_slot_credit_full_table.csv")
     ample = t[(t["dataset"] == "sharegpt") & (t["memory"] == "paper x10")]
@@ -1488,13 +1489,6 @@ def test_the_priced_bound_charges_part_of_the_slot_holding_it_bounds():
             f"{100 * tuned['former_share']:.0f}%") in _readme_text()
 
 
-def _return_exit_module():
-    spec = importlib.util.spec_from_file_location("return_exit", EVIDENCE / "return_exit.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("grid", ["full", "fresh"])
 def test_the_committed_return_exit_tables_follow_from_their_runs(grid):
     # docs/evidence/horizon_return_exit_{grid}_*.csv (docs/evidence/return_exit.py): the return
@@ -1502,7 +1496,7 @@ def test_the_committed_return_exit_tables_follow_from_their_runs(grid):
     # committed grid's runs to the last digit (the variant's code leaves the default's decisions
     # unchanged); the verdicts follow from the table, the shares from the committed bounds; the
     # README and docs/model.md state what the tables say.
-    rx = _return_exit_module()
+    rx = _evidence_module("return_exit")
     t, v, b = _variant_grid(f"horizon_return_exit_{grid}", grid, rx.FALLBACK)
     sh = b.pivot_table(index=list(he.SETTING), columns="policy",
                        values="share_of_possible_saving", sort=False)

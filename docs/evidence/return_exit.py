@@ -28,7 +28,6 @@ gate's reference runs. About 20 minutes a grid on two cores. Run from the reposi
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -39,7 +38,7 @@ from carbonrouter_lib import sweep
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from slot_credit import write_variant_grid  # noqa: E402  (the variant grids' tables)
+from slot_credit import variant_runs, write_variant_grid  # noqa: E402  (variant grids)
 
 #: The label of the router with its default exit in these tables.
 FALLBACK = "carbonrouter-horizon (fallback exit)"
@@ -50,14 +49,7 @@ RETURN_PARAMS = {"exit": "return"}
 def runs_with_return_exit(settings) -> pd.DataFrame:
     """:func:`horizon_eval.grid` of ``settings`` (no reference runs) with the variant
     (:data:`RETURN_PARAMS`) as the target and the default router as :data:`FALLBACK`."""
-    grid = he.grid(settings, reference_in=[])
-    target = grid[grid["policy"] == he.TARGET]
-    variant = target.copy()
-    variant["spec"] = [dataclasses.replace(s, policy_params=dict(s.policy_params)
-                                           | RETURN_PARAMS) for s in variant["spec"]]
-    variant["key"] = [s.key() for s in variant["spec"]]
-    return pd.concat([grid[grid["policy"] != he.TARGET], target.assign(policy=FALLBACK),
-                      variant], ignore_index=True)
+    return variant_runs(settings, RETURN_PARAMS, FALLBACK)
 
 
 def main(grid: str) -> None:

@@ -57,14 +57,21 @@ NO_CREDIT_PARAMS = {"slot_credit": False}
 def runs_without_credit(settings) -> pd.DataFrame:
     """:func:`horizon_eval.grid` of ``settings`` (no reference runs) with the variant
     (:data:`NO_CREDIT_PARAMS`) as the target and the default router as :data:`CREDIT`."""
+    return variant_runs(settings, NO_CREDIT_PARAMS, CREDIT)
+
+
+def variant_runs(settings, params: dict, default_label: str) -> pd.DataFrame:
+    """:func:`horizon_eval.grid` of ``settings`` (no reference runs) with the router of
+    ``params`` (HorizonRouter parameters over its defaults) as the target and the default router
+    relabelled ``default_label``: a variant grid of these evidence scripts."""
     grid = he.grid(settings, reference_in=[])
     target = grid[grid["policy"] == he.TARGET]
-    credit = target.assign(policy=CREDIT)
     variant = target.copy()
-    variant["spec"] = [dataclasses.replace(s, policy_params=dict(s.policy_params)
-                                           | NO_CREDIT_PARAMS) for s in variant["spec"]]
+    variant["spec"] = [dataclasses.replace(s, policy_params=dict(s.policy_params) | params)
+                       for s in variant["spec"]]
     variant["key"] = [s.key() for s in variant["spec"]]
-    return pd.concat([grid[grid["policy"] != he.TARGET], credit, variant], ignore_index=True)
+    return pd.concat([grid[grid["policy"] != he.TARGET], target.assign(policy=default_label),
+                      variant], ignore_index=True)
 
 
 def bound_shares(t: pd.DataFrame, bounds: pd.DataFrame | None, other: str = CREDIT,
