@@ -42,7 +42,7 @@ __all__ = ["TARGET", "ONLINE", "REFERENCE", "FORMER", "VARIANTS", "NOISE", "TUNE
            "grid", "grid_settings", "scale_grid", "table", "scale_table", "verdicts",
            "variants_table", "bound_shares", "first_turn_split", "held_out", "with_ttft_slo",
            "TTFT_SLO_FROM", "NO_TTFT_SLO", "TTFT_SLO_DESIGNED_ON", "TOLD", "GAP_PARTS",
-           "gap_to_bound", "TURN_KINDS", "turn_kinds", "previous_served",
+           "gap_to_bound", "TURN_KINDS", "turn_kinds", "by_turn_kind", "previous_served",
            "gap_by_turn_kind", "FollowPath"]
 
 #: The router evaluated (registry name; its defaults).
@@ -510,6 +510,21 @@ def turn_kinds(records: pd.DataFrame) -> np.ndarray:
     one: where the bound's relaxation 5 charges the most a cache left at turn k − 2 or before can
     give), ``"move"`` (a deployment the session had not used), ``"rejected"`` (deployment −1)."""
     return _path_steps(records)[0]
+
+
+def by_turn_kind(records: pd.DataFrame) -> pd.DataFrame:
+    """A run's queries by what each did (:func:`turn_kinds`: the kinds of :data:`TURN_KINDS` and
+    ``"rejected"``, one row each in that order, zero where none): ``queries``, ``history_found``
+    (the share of their history tokens found cached; NaN where they carry none) and ``co2_kg``
+    (their carbon, kg)."""
+    g = records.assign(kind=turn_kinds(records)).groupby("kind")
+    hist = g["history_tokens"].sum()
+    index = pd.Index([*TURN_KINDS, "rejected"], name="kind")
+    return pd.DataFrame({
+        "queries": g.size().reindex(index, fill_value=0).astype(int),
+        "history_found": (g["cached_tokens"].sum() / hist.where(hist > 0)).reindex(index),
+        "co2_kg": (g["carbon_g"].sum() / 1e3).reindex(index, fill_value=0.0),
+    }).reset_index()
 
 
 def gap_by_turn_kind(records: pd.DataFrame, paths: pd.DataFrame, reference: pd.DataFrame,

@@ -300,7 +300,8 @@ def _forest(f, z, left, right, feature, threshold, default_left, tree_start, n_t
 def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new_m, out_m,
                    stay_m, e_in, e_cache, e_out, region, model, kv_pool, keep, n_models,
                    cache_survival, model_stickiness, fallback, eligible, phi, use_fallback,
-                   option, mask, dom, stay_j=None, exit_j=None, ret_dep=None, ret_len=None):
+                   option, mask, dom, stay_j=None, exit_j=None, ret_dep=None, ret_len=None,
+                   ret_keep=None):
     """The expected carbon of the session's future turns on each deployment, gCO2e, written to
     ``future`` (n,) (``miss``: scratch (n,); ``work``: scratch of :func:`horizon_work_size`, so
     that a decision allocates nothing); the sum of :mod:`carbonrouter_lib.policies.horizon`.
@@ -325,10 +326,11 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
     None`` tests of arguments), so they cost the online router nothing. ``ret_dep`` and
     ``ret_len`` (models,) are the *return exit*'s (``HorizonRouter(exit="return")``, with
     ``use_fallback``; :func:`return_targets`): per model m′ the deployment holding the session's
-    longest cache of m′ (−1: none) and its length, tokens. An exit to m′ at turn j may then
-    return there, its cache surviving with chance (1 − φ)·p^(j+1) (φ and p its KV pool's: the
-    chance a new cache there evicts another, and ``keep`` over the j + 1 think times): the
-    exit's term for m′ is E_j − (1 − φ)·p^(j+1)·max(E_j − R_j, 0), E_j the least recomputing
+    longest cache of m′ (−1: none) and its length, tokens; ``ret_keep`` per KV pool: p_left,
+    the share of a cache *left behind* that survives a think time (:func:`observe_left`). An
+    exit to m′ at turn j may then return there, its cache surviving the j + 1 think times with
+    chance p_left^(j+1) (its KV pool's): the exit's term for m′ is E_j −
+    p_left^(j+1)·max(E_j − R_j, 0), E_j the least recomputing
     turn of m′ (as without it) and R_j the return's carbon, the cached tokens at e_cache and the
     rest recomputed, at the forecast of the cache's region."""
     n_r, n_j = fc.shape
@@ -492,7 +494,7 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
                         w_ex[m * n_j + j] = c_lo * ex
         if ret_dep is not None and model_stickiness and use_fallback and stay_j is None:
             _return_exit(w_ex, ret_dep, ret_len, need, fallback, alpha, beta, fc, fc_lo,
-                         e_in, e_cache, region, model, kv_pool, keep, phi, cache_survival,
+                         e_in, e_cache, region, model, kv_pool, ret_keep, cache_survival,
                          block, n_models, vv)
         for d in range(nd):
             if not mask[d]:
@@ -578,15 +580,15 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
 
 @njit(**_LEAF)
 def _return_exit(w_ex, ret_dep, ret_len, need, fallback, alpha, beta, fc, fc_lo, e_in, e_cache,
-                 region, model, kv_pool, keep, phi, cache_survival, block, n_models, diff):
+                 region, model, kv_pool, ret_keep, cache_survival, block, n_models, diff):
     """The return exit's correction of :func:`horizon_future`'s exit rows ``w_ex`` (models × J,
     gCO2e): for each fallback model m′ the session has a cache of (``ret_dep[m′]`` ≥ 0) and each
-    candidate model m with an exit, the fallback's weight of m′ times (1 − φ)·p^(j+1)·max(E_j −
+    candidate model m with an exit, the fallback's weight of m′ times p_left^(j+1)·max(E_j −
     R_j, 0) is taken off turn j's exit (E_j: m′'s least recomputing turn, forecast least
-    intensity times least energy; R_j: returning to the cache at the forecast of its region; φ
-    and p the cache's KV pool's). The fallback's weights are normalized over the models with a
-    deployment, as the exit's. ``diff`` (J,): scratch for max(E_j − R_j, 0), computed once per
-    cached model."""
+    intensity times least energy; R_j: returning to the cache at the forecast of its region;
+    p_left, ``ret_keep``, the cache's KV pool's). The fallback's weights are normalized over
+    the models with a deployment, as the exit's. ``diff`` (J,): scratch for max(E_j − R_j, 0),
+    computed once per cached model."""
     n_j = fc.shape[1]
     for m2 in range(n_models):
         h = ret_dep[m2]
@@ -605,8 +607,7 @@ def _return_exit(w_ex, ret_dep, ret_len, need, fallback, alpha, beta, fc, fc_lo,
             here = fc_lo[j] * e_best
             back = fc[r_h, j] * (alpha[bh] + j * beta[bh] - saved)
             diff[j] = here - back if back < here else 0.0
-        p = keep[kv_pool[h]] if cache_survival else 1.0
-        room = 1.0 - phi[kv_pool[h]]
+        p = ret_keep[kv_pool[h]] if cache_survival else 1.0
         for m in range(n_models):
             w = fallback[m, m2]
             if need[m] == 0.0 or m == m2 or w <= 0.0 or not w_ex[m * n_j] < np.inf:
@@ -618,7 +619,7 @@ def _return_exit(w_ex, ret_dep, ret_len, need, fallback, alpha, beta, fc, fc_lo,
                         if model[b] == m3:
                             ws += fallback[m, m3]
                             break
-            pj = room * p
+            pj = p
             for j in range(n_j):
                 if diff[j] > 0.0:
                     w_ex[m * n_j + j] -= (w / ws) * pj * diff[j]
@@ -637,6 +638,33 @@ def return_targets(ret_dep, ret_len, cached, model):
         m = model[b]
         if cached[b] > ret_len[m]:
             ret_dep[m], ret_len[m] = b, cached[b]
+
+
+@njit(**_LEAF)
+def observe_left(keep_left, left_dep, left_len, cached, kv_pool, smoothing):
+    """The return exit's survival of a cache left behind, observed at a session's turn: per
+    model, the cache the session left at its previous served turn (``left_dep``, −1: none;
+    ``left_len`` its tokens then; :func:`leave`) against what it holds there now (``cached``
+    (deployments,), tokens), a running mean per KV pool into ``keep_left`` (p_left, the share of
+    a left cache that survives a think time). One function for both replay loops."""
+    for m in range(len(left_dep)):
+        h = left_dep[m]
+        if h >= 0 and left_len[m] > 0.0:
+            kp = kv_pool[h]
+            keep_left[kp] = running_mean(keep_left[kp], min(cached[h] / left_len[m], 1.0),
+                                         smoothing)
+
+
+@njit(**_LEAF)
+def leave(left_dep, left_len, ret_dep, ret_len, a):
+    """After a session's turn is served on ``a``: the caches it leaves behind, per model its
+    longest cache (``ret_dep``/``ret_len``, :func:`return_targets` at the decision) unless it is
+    on ``a`` (−1 there), for :func:`observe_left` at its next turn."""
+    for m in range(len(ret_dep)):
+        if ret_dep[m] >= 0 and ret_dep[m] != a:
+            left_dep[m], left_len[m] = ret_dep[m], ret_len[m]
+        else:
+            left_dep[m], left_len[m] = -1, 0.0
 
 
 @njit(**_LEAF)
@@ -1109,6 +1137,10 @@ def _replay(
     post_m = np.zeros(n_m)
     ret_dep = np.full(n_m, -1, np.int64)  # the return exit's targets, per model
     ret_len = np.zeros(n_m)
+    # the return exit's caches left behind, per session and model (observe_left, leave)
+    left_dep = np.full((n_sessions if h_return else 1, n_m), -1, np.int64)
+    left_len = np.zeros((n_sessions if h_return else 1, n_m))
+    h_keep_left = np.full(n_kv, h_keep0)  # per KV pool: p_left
     h_work = np.empty(horizon_work_size(n_regions, n_m, nd, max(h_j, 1)))
     bw = _Branch(np.empty(n_pools, np.int64), np.empty(nd, np.int64), np.empty(nd),
                  np.empty(nd, np.bool_), np.empty(nd), np.empty(nd), np.empty(nd, np.bool_),
@@ -1310,7 +1342,7 @@ def _replay(
                 return 2, t
             for m in range(n_m):
                 post_m[m] = hist_f[at + m] + new_f[at + m] + est_f[at + m]
-            if h_option or h_return:  # would this query's context fit in each pool, no eviction?
+            if h_option:  # would this query's context fit in each pool, no eviction?
                 observe_room(h_phi, kv_cap, used, post_m[h_ref], h_smoothing)
             rho_now = h_stayed if h_online else h_rho
             if h_told_m:
@@ -1322,13 +1354,16 @@ def _replay(
                                h_fallback[fo], h_eligible[fo], h_phi, h_use_fallback, h_option,
                                mask, h_dom, h_stay_j, h_exit_j)
             elif h_return:
+                if h_cache_survival:
+                    observe_left(h_keep_left, left_dep[s], left_len[s], cached, kvp_of,
+                                 h_smoothing)
                 return_targets(ret_dep, ret_len, cached, model)
                 horizon_future(future, miss_buf, h_work, h_survival[sf, kk, :h_j], rho_now,
                                h_fc[fr, fo], h_fc_lo[fr, fo], h_fc_arg[fr, fo], post_m,
                                h_new[fo], h_out[fo], h_stay[fo], e_in, e_cache, e_out, region,
                                model, kvp_of, h_keep, n_m, h_cache_survival, h_stickiness,
                                h_fallback[fo], h_eligible[fo], h_phi, h_use_fallback, h_option,
-                               mask, h_dom, None, None, ret_dep, ret_len)
+                               mask, h_dom, None, None, ret_dep, ret_len, h_keep_left)
             else:
                 horizon_future(future, miss_buf, h_work, h_survival[sf, kk, :h_j], rho_now,
                                h_fc[fr, fo], h_fc_lo[fr, fo], h_fc_arg[fr, fo], post_m,
@@ -1495,6 +1530,8 @@ def _replay(
                 h_nu = ttft_dual(h_nu, ttft, h_tg_slo, h_tg_share, h_tg_step)
             if k > 0 and prev >= 0:  # on_served: how often the router keeps a session
                 h_stayed = running_mean(h_stayed, 1.0 if a == prev else 0.0, h_smoothing)
+            if h_return:  # the caches the session leaves behind now
+                leave(left_dep[s], left_len[s], ret_dep, ret_len, a)
             if h_release and prev >= 0 and prev != a:  # drop the cache left behind
                 r2 = rec_of[s, prev]
                 if r2 != -1:

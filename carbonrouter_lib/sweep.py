@@ -66,7 +66,7 @@ from carbonrouter_lib.datasets import derived_dir, sha256_of
 from carbonrouter_lib.policies import POLICIES, make_policy, policy_class
 from carbonrouter_lib.prepared import WorkloadConfig, dataset_columns, prepare_workload
 from carbonrouter_lib.setting import SimulationConfig, backend_config
-from carbonrouter_lib.simulator import simulate
+from carbonrouter_lib.simulator import SimulationResult, simulate
 
 __all__ = [
     "SCHEDULER_ENV",
@@ -76,6 +76,7 @@ __all__ = [
     "default_cache_dir",
     "grid_specs",
     "is_complete",
+    "replay",
     "run_named",
     "run_one",
     "run_sweep",
@@ -290,10 +291,15 @@ def run_one(spec: RunSpec, gate_dir: str | os.PathLike | None = None
     return _run(spec, gate_dir)[0]
 
 
-def _run(spec: RunSpec, gate_dir: str | os.PathLike | None = None
-         ) -> tuple[pd.DataFrame | metrics.RunSummary, dict[str, float]]:
-    """:func:`run_one`'s result and the replay's scale and capacity (:func:`_scale_of`), which
-    the cache keeps with the result so that a summary can later be made from cached records."""
+def replay(spec: RunSpec, gate_dir: str | os.PathLike | None = None) -> SimulationResult:
+    """Replay ``spec`` as :func:`run_one` does, uncached, and return the simulator's whole result:
+    its records and the backend's counters (evictions, expiries; :data:`.kernel.COUNTERS`)."""
+    return _replay(spec, gate_dir)[0]
+
+
+def _replay(spec: RunSpec, gate_dir: str | os.PathLike | None = None
+            ) -> tuple[SimulationResult, pd.DataFrame, SimulationConfig, Any]:
+    """:func:`replay`'s result with the table, simulation config and capacity it ran on."""
     wl = spec.workload_config()
     sim = spec.simulation_config()
     table = _table(wl.key(), wl)
@@ -302,7 +308,14 @@ def _run(spec: RunSpec, gate_dir: str | os.PathLike | None = None
     # A learned gate is trained once per setting and cached, whichever worker gets it first.
     policy = build_policy(make_policy(spec.policy, **spec.policy_params), table, sim,
                           signal=signal, backend=capacity, workload=wl, gate_dir=gate_dir)
-    res = simulate(table, policy, sim, signal=signal, backend=capacity)
+    return simulate(table, policy, sim, signal=signal, backend=capacity), table, sim, capacity
+
+
+def _run(spec: RunSpec, gate_dir: str | os.PathLike | None = None
+         ) -> tuple[pd.DataFrame | metrics.RunSummary, dict[str, float]]:
+    """:func:`run_one`'s result and the replay's scale and capacity (:func:`_scale_of`), which
+    the cache keeps with the result so that a summary can later be made from cached records."""
+    res, table, sim, capacity = _replay(spec, gate_dir)
     records = res.records.reset_index(drop=True)
     records.attrs = {}
     scale = _scale_of(table, sim, capacity)

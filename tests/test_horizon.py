@@ -329,7 +329,8 @@ def _reference_future(surv, rho, fc, post_m, new_m, out_m, stay_m, e_in, e_cache
     """The future term of policies/horizon.py written out turn by turn in numpy (the former
     router, neither part on: its exit is the deployment of least *total* recomputation).
     ``told``: (stay_j, exit_j), the models of the future turns told (turn j's q_m and exit);
-    ``returns``: (ret_dep, ret_len), the return exit's caches per model."""
+    ``returns``: (ret_dep, ret_len, ret_keep), the return exit's caches per model and p_left
+    per KV pool."""
     n_m = len(new_m)
     total = np.zeros(len(e_in))
     legacy = not (use_fallback or option or told is not None)
@@ -351,13 +352,13 @@ def _reference_future(surv, rho, fc, post_m, new_m, out_m, stay_m, e_in, e_cache
                 w = fallback * (1 - np.eye(n_m))
                 to = np.repeat(best[None, :], n_m, axis=0)  # [m, m′]: a fall from m to m′
                 if returns is not None:
-                    for m2, (h, length) in enumerate(zip(*returns, strict=True)):
+                    ret_keep = returns[2]
+                    for m2, (h, length) in enumerate(zip(*returns[:2], strict=True)):
                         if h < 0:
                             continue
                         back = miss[h] - c[h] * (e_in[h] - e_cache[h]) * length
-                        p = keep[kv_pool[h]] if cache_survival else 1.0
-                        room = 1 - phi[kv_pool[h]]
-                        to[:, m2] = best[m2] - room * p ** (j + 1) * max(best[m2] - back, 0.0)
+                        p = ret_keep[kv_pool[h]] if cache_survival else 1.0
+                        to[:, m2] = best[m2] - p ** (j + 1) * max(best[m2] - back, 0.0)
                 ex = (w * to).sum(axis=1) / w.sum(axis=1)
             else:
                 ex = np.array([np.delete(best, k).min() for k in range(n_m)])
@@ -430,21 +431,23 @@ def test_the_future_term_is_its_formula(use_fallback, option, survival, stickine
     if use_fallback:
         # the return exit: with no cache of any model the fallback exit to the bit; with caches
         # (one model's clean and long enough to pay, one's not), each fall to a cached model
-        # the cheaper of recomputing and returning, the return weighted by (1 − φ)·p^(j+1)
+        # the cheaper of recomputing and returning, the return weighted by p_left^(j+1) (the
+        # left caches' survival, not p's)
         learned = future.copy()
         ret_dep, ret_len = np.full(n_m, -1, np.int64), np.zeros(n_m)
+        ret_keep = rng.uniform(0.2, 0.9, n_kv)
         kernel.horizon_future(future, miss, work, *args[:3], fc_lo, fc_arg, *args[3:], n_m,
                               survival, stickiness, fallback, eligible, phi, use_fallback,
-                              option, mask, dom, None, None, ret_dep, ret_len)
+                              option, mask, dom, None, None, ret_dep, ret_len, ret_keep)
         np.testing.assert_array_equal(future, learned)
         ret_dep[[1, 3]] = [int(np.flatnonzero(model == 1)[np.argmin(fc[region[model == 1], 0])]),
                            int(np.flatnonzero(model == 3)[-1])]
         ret_len[[1, 3]] = [args[3][1], 0.2 * args[3][3]]
         kernel.horizon_future(future, miss, work, *args[:3], fc_lo, fc_arg, *args[3:], n_m,
                               survival, stickiness, fallback, eligible, phi, use_fallback,
-                              option, mask, dom, None, None, ret_dep, ret_len)
+                              option, mask, dom, None, None, ret_dep, ret_len, ret_keep)
         expected = _reference_future(*args, survival, stickiness, fallback, eligible, phi,
-                                     use_fallback, option, returns=(ret_dep, ret_len))
+                                     use_fallback, option, returns=(ret_dep, ret_len, ret_keep))
         np.testing.assert_allclose(future[mask], expected[mask], rtol=1e-12)
         assert (future[mask] <= learned[mask] + 1e-9).all()  # a return can only be cheaper
         assert (future[mask] < learned[mask] - 1e-6).any()
@@ -812,3 +815,29 @@ def test_return_targets_are_each_models_longest_cache():
     with pytest.raises(ValueError, match="exit='return'"):
         HorizonRouter(exit="return", future_models="told")
     assert HorizonRouter(exit="return").params()["exit"] == "return"
+
+
+def test_the_left_caches_survival_is_what_sessions_find_of_the_caches_they_left():
+    # kernel.leave records, after a served turn, per model the longest cache the session leaves
+    # behind (none where that cache is the deployment served); kernel.observe_left, at its next
+    # turn, moves p_left of each left cache's KV pool toward the share of it still there
+    from carbonrouter_lib import kernel
+
+    kv_pool = np.array([0, 0, 0, 1, 1, 1])  # six deployments (models 0, 1, 2 twice)
+    ret_dep, ret_len = np.array([3, 1, -1]), np.array([80.0, 50.0, 0.0])
+    left_dep, left_len = np.array([9, 9, 9]), np.array([9.0, 9.0, 9.0])
+    kernel.leave(left_dep, left_len, ret_dep, ret_len, 1)  # served on 1: model 1's cache is used
+    assert left_dep.tolist() == [3, -1, -1] and left_len.tolist() == [80.0, 0.0, 0.0]
+    keep_left = np.array([0.5, 0.5])
+    cached = np.array([0.0, 60.0, 0.0, 20.0, 0.0, 0.0])  # a quarter of the left cache is there
+    kernel.observe_left(keep_left, left_dep, left_len, cached, kv_pool, 0.1)
+    assert keep_left.tolist() == [0.5, pytest.approx(0.9 * 0.5 + 0.1 * 0.25)]
+    kernel.leave(left_dep, left_len, ret_dep, ret_len, 5)  # served elsewhere: both are left
+    assert left_dep.tolist() == [3, 1, -1] and left_len.tolist() == [80.0, 50.0, 0.0]
+    cached = np.zeros(6)  # both evicted
+    before = keep_left.copy()
+    kernel.observe_left(keep_left, left_dep, left_len, cached, kv_pool, 0.1)
+    np.testing.assert_allclose(keep_left, 0.9 * before)
+    kernel.leave(left_dep, left_len, np.full(3, -1), np.zeros(3), 0)  # no cache: nothing left
+    kernel.observe_left(keep_left, left_dep, left_len, cached, kv_pool, 0.1)
+    np.testing.assert_allclose(keep_left, 0.9 * before)

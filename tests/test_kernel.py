@@ -238,13 +238,13 @@ def test_labeler_keeps_the_order_of_its_replays():
 
 def test_the_return_exit_changes_decisions_the_engines_agree_on():
     # a workload like test_engines_agree_under_pressure's with KV memory for a few contexts more
-    # (the return exit counts only on caches in pools with room), where both loops give the
-    # return exit's records to the bit and it routes otherwise than the fallback exit (so that
-    # the agreement covers its branch)
+    # and an hour's TTL (so that caches left behind survive to be returned to), where both loops
+    # give the return exit's records to the bit and it routes otherwise than the fallback exit
+    # (so that the agreement covers its branch, the caches left and p_left's observations)
     table = random_workload(7, 250, 3 * 3600)
     config = SimulationConfig(regions=REGIONS3, d_ttft_s=1.5)
     signal = random_signal(8, REGIONS3, 12 * 24)
-    backend = BackendConfig(slots_per_pool=4, kv_tokens_per_pool=1e5, ttl_s=600.0)
+    backend = BackendConfig(slots_per_pool=4, kv_tokens_per_pool=3e5, ttl_s=3600.0)
     records = {}
     for exit_, engine in (("fallback", "compiled"), ("return", "compiled"), ("return", "python")):
         policy = build_policy(HorizonRouter(exit=exit_, smoothing=0.3), table, config,

@@ -75,15 +75,19 @@ turn k + j is
     R_j(h) = Î_{r(h)}(d + j·τ)·(E⁻_j(h) − (e_in − e_cache)·L_h)
 
 E_j(m′) = M_j(m′) the least recomputing turn of m′ as before, E⁻_j(h) turn k + j on h with its
-history recomputed, p_h the chance h's cache survives a think time (its KV pool's, as for p_a),
-raised to the j + 1 think times the cache waits, and φ_h the chance a new cache in h's KV pool
-evicts another (the option's): the session takes the cheaper of the two if the cache is still
-there. With no cache of m′ it is the fallback exit. It reads only the session's caches at
-dispatch. Why 1 − φ_h: p is learned from what sessions find of the cache they stayed on, and a
-cache left behind in a full pool is the least recently used, evicted before those; the rule
-without the weight (commit c786c95) lost 9–18 points of the bound's possible saving on ShareGPT
-under the paper's memory rule, where five of the twelve pools are full, and gained 0.2–4.3 points
-with ample memory, where none is (its full grid, docs/evidence/return_exit.py).
+history recomputed, and p_h the chance a cache *left behind* in h's KV pool survives a think
+time, raised to the j + 1 think times the cache waits: the session takes the cheaper of the two
+if the cache is still there. With no cache of m′ it is the fallback exit. It reads only the
+session's caches at dispatch. p_h is learned online, per KV pool, from what sessions find of the
+caches they left (:func:`carbonrouter_lib.kernel.leave` records, per model, the longest cache a
+served turn leaves behind; :func:`~carbonrouter_lib.kernel.observe_left` compares it with what
+the session holds there at its next turn), not from p_a, what sessions find of the cache they
+stayed on: a cache left behind is the least recently used of its pool and is evicted before
+those. Two earlier rules stand in the history: p_a^(j+1) (commit c786c95) lost 9–18 points of
+the bound's possible saving on ShareGPT under the paper's memory rule and gained 0.2–4.3 points
+with ample memory; (1 − φ_h)·p_a^(j+1) (commit 83a30e1, φ_h the option's chance a new cache in
+h's pool evicts another, a proxy for the left cache's fate) lost 1.4–3.6 points there and gained
+up to 0.8 (docs/model.md §11.4a).
 
 The *slot price* (``slot_price``; on by default where J ≥ 1, ``slot_price=False`` is the router
 without it) prices the session slot a choice takes from the next sessions (docs/model.md
@@ -614,6 +618,9 @@ class HorizonRouter(Policy):
         state.stay_j = state.exit_j = None  # the told models' q_m and exits per future turn
         state.ret_dep = np.full(len(d.models), -1, np.int64)  # the return exit's targets
         state.ret_len = np.zeros(len(d.models))
+        # the return exit's p_left per KV pool, and per session the caches it left (leave)
+        state.keep_left = state.keep.copy()
+        state.left = {}
         if self.future_models == "told":
             state.stay_j = np.ones((len(d.models), self.horizon))
             state.exit_j = np.full(self.horizon, -1, np.int64)
@@ -667,12 +674,18 @@ class HorizonRouter(Policy):
 
     def _returns(self, ctx: QueryContext, st: _RunState) -> tuple:
         """The return exit's targets (:func:`carbonrouter_lib.kernel.return_targets`) for this
-        query: per model the deployment of the session's longest cache and its length; (None,
-        None) for every other exit."""
+        query, per model the deployment of the session's longest cache and its length, and p_left
+        per KV pool after this query's observation of the caches the session left
+        (:func:`carbonrouter_lib.kernel.observe_left`); (None, None, None) for every other
+        exit."""
         if self.exit != "return":
-            return None, None
+            return None, None, None
+        left = st.left.get(ctx.session)
+        if self.cache_survival and left is not None:
+            kernel.observe_left(st.keep_left, left[0], left[1], ctx.cached, st.kv_pool,
+                                self.smoothing)
         kernel.return_targets(st.ret_dep, st.ret_len, ctx.cached, st.model)
-        return st.ret_dep, st.ret_len
+        return st.ret_dep, st.ret_len, st.keep_left
 
     def _observe(self, ctx: QueryContext) -> _RunState:
         """The run's state (bound on its first query), after this query's observation of the
@@ -688,7 +701,7 @@ class HorizonRouter(Policy):
                 pool = st.kv_pool[b]
                 st.keep[pool] = kernel.running_mean(st.keep[pool], ctx.cached[b] / hist_b,
                                                     self.smoothing)
-        if self.option or self.exit == "return":
+        if self.option:
             # does this query's context (in the reference model's tokens) fit in each KV pool
             # without evicting another cache?
             r = st.ref
@@ -789,6 +802,16 @@ class HorizonRouter(Policy):
             # how often this router keeps a session where it was: the chance a future turn is
             # still on the deployment chosen now, per turn (the "online" continuation)
             st.stayed = kernel.running_mean(st.stayed, float(a == ctx.prev), self.smoothing)
+        if st is not None and self.exit == "return":  # the caches the session leaves behind now
+            left = st.left.get(ctx.session)
+            if left is None:
+                left = st.left[ctx.session] = (np.full(len(st.ret_dep), -1, np.int64),
+                                               np.zeros(len(st.ret_dep)))
+            kernel.leave(left[0], left[1], st.ret_dep, st.ret_len, a)
+
+    def on_session_end(self, session: int) -> None:
+        if self._bound is not None:
+            self._bound.left.pop(session, None)
 
     def released(self, ctx: QueryContext, a: int) -> tuple[int, ...]:
         """With ``release``: the cache the session leaves on its previous deployment when it

@@ -59,10 +59,9 @@ def one(st: dict[str, str]) -> pd.DataFrame:
     no_return = bound.ensure_bound(wcfg, scfg, returns=False)["carbon_g"].sum() / 1e3
     router = rec[he.TARGET]
     g = he.gap_by_turn_kind(router, paths, rec["session-affinity"], scfg.deployments())
-    own = router.assign(kind=he.turn_kinds(router)).groupby("kind")
-    hist = own["history_tokens"].sum()
-    g["router_queries"] = g["kind"].map(own.size()).fillna(0).astype(int)
-    g["router_reused"] = g["kind"].map(own["cached_tokens"].sum() / hist.where(hist > 0))
+    own = he.by_turn_kind(router).set_index("kind")
+    g["router_queries"] = g["kind"].map(own["queries"]).astype(int)
+    g["router_reused"] = g["kind"].map(own["history_found"])
     sa = rec["session-affinity"]["carbon_g"].sum() / 1e3
     co2 = router["carbon_g"].sum() / 1e3
     return g.assign(**st, co2_kg=co2, session_affinity_kg=sa,
