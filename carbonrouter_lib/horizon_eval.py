@@ -515,15 +515,22 @@ def turn_kinds(records: pd.DataFrame) -> np.ndarray:
 def by_turn_kind(records: pd.DataFrame) -> pd.DataFrame:
     """A run's queries by what each did (:func:`turn_kinds`: the kinds of :data:`TURN_KINDS` and
     ``"rejected"``, one row each in that order, zero where none): ``queries``, ``history_found``
-    (the share of their history tokens found cached; NaN where they carry none) and ``co2_kg``
-    (their carbon, kg)."""
-    g = records.assign(kind=turn_kinds(records)).groupby("kind")
+    (the share of their history tokens found cached; NaN where they carry none), ``co2_kg``
+    (their carbon, kg) and ``recompute_kg`` (the part of it that recomputed history not found
+    cached: each query's carbon times its recomputation energy over its energy, both at the
+    query's one intensity)."""
+    energy = records["energy_kwh"].to_numpy(np.float64)
+    part = np.divide(records["recompute_energy_kwh"].to_numpy(np.float64), energy,
+                     out=np.zeros_like(energy), where=energy > 0)
+    g = records.assign(kind=turn_kinds(records),
+                       recompute_g=records["carbon_g"].to_numpy(np.float64) * part).groupby("kind")
     hist = g["history_tokens"].sum()
     index = pd.Index([*TURN_KINDS, "rejected"], name="kind")
     return pd.DataFrame({
         "queries": g.size().reindex(index, fill_value=0).astype(int),
         "history_found": (g["cached_tokens"].sum() / hist.where(hist > 0)).reindex(index),
         "co2_kg": (g["carbon_g"].sum() / 1e3).reindex(index, fill_value=0.0),
+        "recompute_kg": (g["recompute_g"].sum() / 1e3).reindex(index, fill_value=0.0),
     }).reset_index()
 
 

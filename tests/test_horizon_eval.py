@@ -280,12 +280,17 @@ def test_by_turn_kind_by_hand():
                         "deployment": [2, 2, 1, -1, 2, 2, 3, 1, -1, 4, 4],
                         "history_tokens": [0, 10, 20, 30, 40, 50, 60, 70, 0, 0, 5.0],
                         "cached_tokens": [0, 10, 0, 0, 10, 50, 0, 35, 0, 0, 5.0],
-                        "carbon_g": [100, 1, 2, 0, 4, 5, 6, 7, 0, 9, 10.0]})
+                        "carbon_g": [100, 1, 2, 0, 4, 5, 6, 7, 0, 9, 10.0],
+                        "energy_kwh": [1, 1, 2, 0, 4, 1, 2, 7, 0, 3, 5.0],
+                        "recompute_energy_kwh": [0, 0, 2, 0, 3, 0, 1, 3.5, 0, 0, 0.0]})
     t = he.by_turn_kind(rec.sample(frac=1.0, random_state=1)).set_index("kind")
     assert list(t.index) == ["first", "stay", "move", "return", "rejected"]
     assert t["queries"].tolist() == [1, 3, 3, 2, 2]
     np.testing.assert_allclose(t["history_found"], [np.nan, 65 / 65, 0.0, 45 / 110, 0.0])
     np.testing.assert_allclose(t["co2_kg"], [0.1, 0.016, 0.017, 0.011, 0.0])
+    # recomputation's carbon: carbon × recompute energy / energy (move: 2·2/2 + 6·1/2; return:
+    # 4·3/4 + 7·3.5/7), zero where a query has no energy (the rejected ones)
+    np.testing.assert_allclose(t["recompute_kg"], [0.0, 0.0, 0.005, 0.0065, 0.0])
     assert t["co2_kg"].sum() == pytest.approx(rec["carbon_g"].sum() / 1e3)
     t = he.by_turn_kind(rec[rec["turn"] == 0]).set_index("kind")  # no later turn: zero rows
     assert t["queries"].tolist() == [1, 0, 0, 0, 1] and t.loc["stay", "co2_kg"] == 0.0
@@ -1581,3 +1586,45 @@ def test_the_return_exits_kinds_follow_from_its_runs():
             f"{fb.loc['move', 'queries'] / 1e3:.0f}K")
     print(said)
     assert said in _model_text()
+
+
+@pytest.mark.parametrize("grid", ["full", "fresh"])
+def test_the_recompute_ceiling_follows_from_its_runs(grid):
+    # docs/evidence/horizon_recompute_ceiling_{grid}.csv (docs/evidence/recompute_ceiling.py):
+    # the router's CO2 is the committed grid's; its recomputation carbon is part of it; the three
+    # shares follow from the committed bound and rise as recomputation is taken off; the docs
+    # state what the table says
+    t = pd.read_csv(EVIDENCE / f"horizon_recompute_ceiling_{grid}.csv")
+    assert len(t) == 32
+    b = pd.read_csv(EVIDENCE / f"horizon_{grid}_bound.csv")
+    m = t.merge(b[b["policy"] == he.TARGET], on=list(he.SETTING), suffixes=("", "_c"))
+    assert len(m) == 32
+    np.testing.assert_allclose(m["co2_kg"], m["co2_kg_c"], rtol=1e-12)
+    np.testing.assert_allclose(m["share"], m["share_of_possible_saving"], rtol=1e-9)
+    parts = t[["recompute_stay_kg", "recompute_return_kg", "recompute_move_kg"]]
+    assert (parts >= 0).all().all() and (parts.sum(axis=1) < t["co2_kg"]).all()
+    kept = t["co2_kg"] - t["recompute_stay_kg"] - t["recompute_return_kg"]
+    sa, bd = t["session_affinity_kg"], t["bound_kg"]
+    np.testing.assert_allclose(t["share_caches_kept"], (sa - kept) / (sa - bd), rtol=1e-12)
+    np.testing.assert_allclose(t["share_nothing_recomputed"],
+                               (sa - kept + t["recompute_move_kg"]) / (sa - bd), rtol=1e-12)
+    assert ((t["share"] <= t["share_caches_kept"])
+            & (t["share_caches_kept"] <= t["share_nothing_recomputed"])).all()
+    assert (t["reaches_70"] == (t["share_caches_kept"] >= 0.7)).all()
+    sg = t[(t["dataset"] == "sharegpt") & (t["memory"] == "paper")]
+    sg_x10 = t[(t["dataset"] == "sharegpt") & (t["memory"] == "paper x10")]
+    name = {"full": "the full grid", "fresh": "the fresh weeks"}[grid]
+    said = (f"in {name} it would reach 70% in {int(t['reaches_70'].sum())} of 32 settings "
+            f"(the router {int((t['share'] >= 0.7).sum())}), median "
+            f"{100 * t['share_caches_kept'].median():.1f}% (the router "
+            f"{100 * t['share'].median():.1f}%); on ShareGPT under the paper's memory rule "
+            f"{100 * sg['share_caches_kept'].min():.1f}–{100 * sg['share_caches_kept'].max():.1f}%"
+            f" ({int(sg['reaches_70'].sum())} of 8), with ample memory "
+            f"{100 * sg_x10['share_caches_kept'].min():.1f}–"
+            f"{100 * sg_x10['share_caches_kept'].max():.1f}%")
+    print(said)
+    assert said in _model_text()
+    if grid == "full":
+        tuned = t.set_index(list(he.SETTING)).loc[("sharegpt", "paper", "paper", "winter")]
+        assert (f"at the tuned setting {100 * tuned['share_caches_kept']:.1f}% against "
+                f"{100 * tuned['share']:.1f}%") in _readme_text()

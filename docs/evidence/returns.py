@@ -70,13 +70,19 @@ def one(st: dict[str, str]) -> pd.DataFrame:
                     share_no_return=bound.share_of_possible_saving(sa, co2, no_return))
 
 
-def main(grid: str) -> None:
+def over_settings(fn, grid: str, script: str) -> list:
+    """``fn`` of each setting of ``grid`` ('full' or 'fresh', else an error naming ``script``),
+    two processes at a time, with a progress bar: the loop of these per-setting evidence
+    scripts."""
     if grid not in ("full", "fresh"):
-        raise SystemExit(f"returns.py: grid must be 'full' or 'fresh', got {grid!r}")
+        raise SystemExit(f"{script}: grid must be 'full' or 'fresh', got {grid!r}")
     settings = he.grid_settings(grid)[0]
     with ProcessPoolExecutor(2) as pool:
-        parts = list(tqdm(pool.map(one, settings), total=len(settings), desc="settings"))
-    g = pd.concat(parts, ignore_index=True)
+        return list(tqdm(pool.map(fn, settings), total=len(settings), desc="settings"))
+
+
+def main(grid: str) -> None:
+    g = pd.concat(over_settings(one, grid, "returns.py"), ignore_index=True)
     g = g[[*he.SETTING, "kind", "queries", "bound_kg", "run_kg", "reference_kg", "achieved",
            "left", "run_reused", "bound_other_model", "bound_other_region", "router_queries",
            "router_reused", "co2_kg", "session_affinity_kg", "bound_total_kg",
