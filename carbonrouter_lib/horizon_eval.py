@@ -42,8 +42,8 @@ __all__ = ["TARGET", "ONLINE", "REFERENCE", "FORMER", "VARIANTS", "NOISE", "TUNE
            "grid", "grid_settings", "scale_grid", "table", "scale_table", "verdicts",
            "variants_table", "bound_shares", "first_turn_split", "held_out", "with_ttft_slo",
            "TTFT_SLO_FROM", "NO_TTFT_SLO", "TTFT_SLO_DESIGNED_ON", "TOLD", "GAP_PARTS",
-           "gap_to_bound", "TURN_KINDS", "turn_kinds", "by_turn_kind", "previous_served",
-           "gap_by_turn_kind", "FollowPath"]
+           "gap_to_bound", "TURN_KINDS", "turn_kinds", "by_turn_kind", "caching_ceiling",
+           "previous_served", "gap_by_turn_kind", "FollowPath"]
 
 #: The router evaluated (registry name; its defaults).
 TARGET = "carbonrouter-horizon"
@@ -532,6 +532,30 @@ def by_turn_kind(records: pd.DataFrame) -> pd.DataFrame:
         "co2_kg": (g["carbon_g"].sum() / 1e3).reindex(index, fill_value=0.0),
         "recompute_kg": (g["recompute_g"].sum() / 1e3).reindex(index, fill_value=0.0),
     }).reset_index()
+
+
+def caching_ceiling(kinds: pd.DataFrame, session_affinity_kg: float,
+                    bound_kg: float) -> dict[str, float]:
+    """What keeping caches alone could give a run (docs/model.md §11.4c), from its
+    :func:`by_turn_kind` table ``kinds`` and the setting's Session-Affinity CO2 and clairvoyant
+    bound (kg): its CO2, the carbon it spent recomputing history on the turns that stayed,
+    returned to an older cache and moved (kg), and three shares of the bound's possible saving
+    (:func:`carbonrouter_lib.bound.share_of_possible_saving`): the run's (``share``), with the
+    stays' and returns' recomputation taken off (``share_caches_kept``: the most any lever that
+    only keeps caches alive can reach on the run's routing, a cache kept intact there holding
+    the whole history) and with all of it (``share_nothing_recomputed``: as if even a move found
+    the history cached)."""
+    k = kinds.set_index("kind")
+    co2 = float(k["co2_kg"].sum())
+    rc = {kind: float(k.loc[kind, "recompute_kg"]) for kind in ("stay", "return", "move")}
+    kept = co2 - (rc["stay"] + rc["return"])
+
+    def share(co2_kg: float) -> float:
+        return bound.share_of_possible_saving(session_affinity_kg, co2_kg, bound_kg)
+
+    return {"co2_kg": co2, **{f"recompute_{kind}_kg": v for kind, v in rc.items()},
+            "share": share(co2), "share_caches_kept": share(kept),
+            "share_nothing_recomputed": share(kept - rc["move"])}
 
 
 def gap_by_turn_kind(records: pd.DataFrame, paths: pd.DataFrame, reference: pd.DataFrame,

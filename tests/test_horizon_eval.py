@@ -1628,3 +1628,18 @@ def test_the_recompute_ceiling_follows_from_its_runs(grid):
         tuned = t.set_index(list(he.SETTING)).loc[("sharegpt", "paper", "paper", "winter")]
         assert (f"at the tuned setting {100 * tuned['share_caches_kept']:.1f}% against "
                 f"{100 * tuned['share']:.1f}%") in _readme_text()
+
+
+def test_the_caching_ceiling_by_hand():
+    # he.caching_ceiling: a run of 10 kg against Session-Affinity's 20 and a bound of 5 has 2/3
+    # of the possible saving; taking the stays' and returns' 1 + 2 kg off gives 13/15, the
+    # moves' 0.5 more 13.5/15
+    kinds = pd.DataFrame({"kind": ["first", "stay", "move", "return", "rejected"],
+                          "co2_kg": [4.0, 3.0, 1.5, 1.5, 0.0],
+                          "recompute_kg": [0.0, 1.0, 0.5, 2.0, 0.0]})
+    c = he.caching_ceiling(kinds, 20.0, 5.0)
+    assert c == pytest.approx({"co2_kg": 10.0, "recompute_stay_kg": 1.0,
+                               "recompute_return_kg": 2.0, "recompute_move_kg": 0.5,
+                               "share": 10 / 15, "share_caches_kept": 13 / 15,
+                               "share_nothing_recomputed": 13.5 / 15})
+    assert math.isnan(he.caching_ceiling(kinds, 5.0, 5.0)["share"])  # no possible saving

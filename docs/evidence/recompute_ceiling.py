@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import bound, sweep
 from carbonrouter_lib import horizon_eval as he
+from carbonrouter_lib import sweep
 from carbonrouter_lib.outputs import save_table
 
 HERE = Path(__file__).resolve().parent
@@ -40,41 +40,35 @@ sys.path.insert(0, str(HERE))
 from returns import over_settings  # noqa: E402  (the per-setting loop)
 
 
-def one(st: dict[str, str]) -> dict:
-    """The router's CO2 and recomputation carbon by kind (kg) in setting ``st``."""
+def one(job: tuple[dict[str, str], str]) -> dict:
+    """:func:`horizon_eval.caching_ceiling` of the router in setting ``job[0]`` of grid ``job[1]``
+    (Session-Affinity's CO2 and the bound the committed ``horizon_{grid}_bound.csv``'s)."""
+    st, grid = job
     wcfg, scfg = he.setting(st)
-    k = he.by_turn_kind(sweep.run_one(sweep.RunSpec.make(wcfg, scfg, he.TARGET)))
-    k = k.set_index("kind")
-    return st | {"co2_kg": float(k["co2_kg"].sum())} | {
-        f"recompute_{kind}_kg": float(k.loc[kind, "recompute_kg"])
-        for kind in ("stay", "return", "move")}
+    kinds = he.by_turn_kind(sweep.run_one(sweep.RunSpec.make(wcfg, scfg, he.TARGET)))
+    b = committed(grid).loc[tuple(st[c] for c in he.SETTING)]
+    return st | {"session_affinity_kg": b["session_affinity_kg"], "bound_kg": b["bound_kg"]} | (
+        he.caching_ceiling(kinds, b["session_affinity_kg"], b["bound_kg"]))
 
 
-def ceiling(rows: pd.DataFrame, bounds: pd.DataFrame) -> pd.DataFrame:
-    """``rows`` (:func:`one`'s) with the committed ``bounds``' Session-Affinity CO2 and bound (kg)
-    and the three shares of the possible saving (the router's, with the stays' and returns'
-    recomputation off, with all of it off); ``reaches_70`` where the second is ≥ 0.7."""
-    b = bounds[bounds["policy"] == he.TARGET].set_index(list(he.SETTING))
-    t = rows.set_index(list(he.SETTING))
-    t["session_affinity_kg"] = b.loc[t.index, "session_affinity_kg"]
-    t["bound_kg"] = b.loc[t.index, "bound_kg"]
-    kept = t["recompute_stay_kg"] + t["recompute_return_kg"]
-    for col, co2 in (("share", t["co2_kg"]), ("share_caches_kept", t["co2_kg"] - kept),
-                     ("share_nothing_recomputed", t["co2_kg"] - kept - t["recompute_move_kg"])):
-        t[col] = [bound.share_of_possible_saving(sa, c, bd) for sa, c, bd in
-                  zip(t["session_affinity_kg"], co2, t["bound_kg"], strict=True)]
-    t["reaches_70"] = t["share_caches_kept"] >= 0.7
-    return t.reset_index()
+def committed(grid: str) -> pd.DataFrame:
+    """The router's rows of the committed ``horizon_{grid}_bound.csv``, by setting."""
+    b = pd.read_csv(HERE / f"horizon_{grid}_bound.csv")
+    return b[b["policy"] == he.TARGET].set_index(list(he.SETTING))
+
+
+COLUMNS = [*he.SETTING, "co2_kg", "recompute_stay_kg", "recompute_return_kg", "recompute_move_kg",
+           "session_affinity_kg", "bound_kg", "share", "share_caches_kept",
+           "share_nothing_recomputed", "reaches_70"]
 
 
 def main(grid: str) -> None:
-    rows = over_settings(one, grid, "recompute_ceiling.py")
-    bounds = pd.read_csv(HERE / f"horizon_{grid}_bound.csv")
-    t = ceiling(pd.DataFrame(rows), bounds)
-    committed = bounds[bounds["policy"] == he.TARGET].set_index(list(he.SETTING))
-    drift = np.abs(t.set_index(list(he.SETTING))["co2_kg"]
-                   / committed.loc[[tuple(r) for r in t[list(he.SETTING)].to_numpy()],
-                                   "co2_kg"].to_numpy() - 1).max()
+    rows = over_settings(one, grid, "recompute_ceiling.py", with_grid=True)
+    t = pd.DataFrame(rows)
+    t["reaches_70"] = t["share_caches_kept"] >= 0.7
+    t = t[COLUMNS]
+    mine = t.set_index(list(he.SETTING))
+    drift = np.abs(mine["co2_kg"] / committed(grid).loc[mine.index, "co2_kg"] - 1).max()
     print(f"against the committed CO2, largest relative difference: {drift:.2e}")
     save_table(t, f"horizon_recompute_ceiling_{grid}", HERE, parquet=False)
     print(t.round(3).to_string())
