@@ -63,7 +63,7 @@ from carbonrouter_lib import arrivals, cache, metrics, prepared
 from carbonrouter_lib.build import build_policy
 from carbonrouter_lib.carbon import CarbonConfig, CarbonSignal
 from carbonrouter_lib.datasets import derived_dir, sha256_of
-from carbonrouter_lib.policies import POLICIES, make_policy, policy_class
+from carbonrouter_lib.policies import POLICIES, Policy, make_policy, policy_class
 from carbonrouter_lib.prepared import WorkloadConfig, dataset_columns, prepare_workload
 from carbonrouter_lib.setting import SimulationConfig, backend_config
 from carbonrouter_lib.simulator import SimulationResult, simulate
@@ -291,13 +291,17 @@ def run_one(spec: RunSpec, gate_dir: str | os.PathLike | None = None
     return _run(spec, gate_dir)[0]
 
 
-def replay(spec: RunSpec, gate_dir: str | os.PathLike | None = None) -> SimulationResult:
+def replay(spec: RunSpec, gate_dir: str | os.PathLike | None = None,
+           policy: Policy | None = None, engine: str = "auto") -> SimulationResult:
     """Replay ``spec`` as :func:`run_one` does, uncached, and return the simulator's whole result:
-    its records and the backend's counters (evictions, expiries; :data:`.kernel.COUNTERS`)."""
-    return _replay(spec, gate_dir)[0]
+    its records and the backend's counters (evictions, expiries; :data:`.kernel.COUNTERS`).
+    ``policy``: replay this policy (e.g. a subclass of your own, built and fitted here) in
+    ``spec``'s setting instead of ``spec``'s; ``engine``: :func:`.simulator.simulate`'s."""
+    return _replay(spec, gate_dir, policy, engine)[0]
 
 
-def _replay(spec: RunSpec, gate_dir: str | os.PathLike | None = None
+def _replay(spec: RunSpec, gate_dir: str | os.PathLike | None = None,
+            policy: Policy | None = None, engine: str = "auto"
             ) -> tuple[SimulationResult, pd.DataFrame, SimulationConfig, Any]:
     """:func:`replay`'s result with the table, simulation config and capacity it ran on."""
     wl = spec.workload_config()
@@ -305,10 +309,13 @@ def _replay(spec: RunSpec, gate_dir: str | os.PathLike | None = None
     table = _table(wl.key(), wl)
     signal = _signal(sim)
     capacity = backend_config(table, sim)
+    if policy is None:
+        policy = make_policy(spec.policy, **spec.policy_params)
     # A learned gate is trained once per setting and cached, whichever worker gets it first.
-    policy = build_policy(make_policy(spec.policy, **spec.policy_params), table, sim,
-                          signal=signal, backend=capacity, workload=wl, gate_dir=gate_dir)
-    return simulate(table, policy, sim, signal=signal, backend=capacity), table, sim, capacity
+    policy = build_policy(policy, table, sim, signal=signal, backend=capacity, workload=wl,
+                          gate_dir=gate_dir)
+    return (simulate(table, policy, sim, signal=signal, backend=capacity, engine=engine),
+            table, sim, capacity)
 
 
 def _run(spec: RunSpec, gate_dir: str | os.PathLike | None = None

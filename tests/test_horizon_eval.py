@@ -826,6 +826,11 @@ def _evidence_module(name: str):
     return module
 
 
+def _num(x: float) -> str:
+    """``x`` to one decimal with the docs' minus sign (U+2212)."""
+    return f"{x:.1f}".replace("-", "−")
+
+
 def _variant_grid(name: str, grid: str, default_label: str
                   ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """A committed variant grid of an evidence script (``<name>_{table,verdicts,bound}.csv``,
@@ -1540,16 +1545,13 @@ def test_the_committed_return_exit_tables_follow_from_their_runs(grid):
     n70 = int((sh[he.TARGET] >= 0.7).sum()), int((sh[rx.FALLBACK] >= 0.7).sum())
     med = 100 * sh[he.TARGET].median(), 100 * sh[rx.FALLBACK].median()
 
-    def num(x):
-        return f"{x:.1f}".replace("-", "−")
-
     said = (f"lowest CO2 in {c.get('holds', 0)} of 32 ({c.get('tie', 0)} ties); against the "
-            f"default {num(a.min())} to {num(a.max())} points more of the bound's possible saving "
-            f"on the Mooncake trace with ample memory ({fa['saving_pct'].min():.1f}–"
-            f"{fa['saving_pct'].max():.1f}% less CO2), {num(-g.max())} to {num(-g.min())} points "
+            f"default {_num(a.min())} to {_num(a.max())} points more of the bound's possible "
+            f"saving on the Mooncake trace with ample memory ({fa['saving_pct'].min():.1f}–"
+            f"{fa['saving_pct'].max():.1f}% less CO2), {_num(-g.max())} to {_num(-g.min())} points "
             f"less on ShareGPT under the paper's memory rule ({-f['saving_pct'].max():.1f}–"
-            f"{-f['saving_pct'].min():.1f}% more CO2), {num(s_x10.min())} to {num(s_x10.max())} "
-            f"on ShareGPT with ample memory and {num(m_paper.min())} to {num(m_paper.max())} on "
+            f"{-f['saving_pct'].min():.1f}% more CO2), {_num(s_x10.min())} to {_num(s_x10.max())} "
+            f"on ShareGPT with ample memory and {_num(m_paper.min())} to {_num(m_paper.max())} on "
             f"the Mooncake trace under the paper's rule; ≥ 70% in {n70[0]} of 32 against "
             f"{n70[1]}, median {med[0]:.1f}% against {med[1]:.1f}%")
     print(said)
@@ -1643,3 +1645,42 @@ def test_the_caching_ceiling_by_hand():
                                "share": 10 / 15, "share_caches_kept": 13 / 15,
                                "share_nothing_recomputed": 13.5 / 15})
     assert math.isnan(he.caching_ceiling(kinds, 5.0, 5.0)["share"])  # no possible saving
+
+
+@pytest.mark.parametrize("grid", ["full", "fresh"])
+def test_the_kv_price_prototype_table_follows_from_its_runs(grid):
+    # docs/evidence/horizon_kv_price_{grid}.csv (docs/evidence/kv_price.py): the default
+    # router's CO2 is the committed grid's, the shares follow from the committed bound, the best
+    # other online policy from the committed table; the docs state what the table says
+    kp = _evidence_module("kv_price")
+    t = pd.read_csv(EVIDENCE / f"horizon_kv_price_{grid}.csv")
+    settings = [st for st in he.grid_settings(grid)[0] if kp.chosen(st)]
+    assert len(t) == len(settings)
+    committed = pd.read_csv(EVIDENCE / f"horizon_{grid}_table.csv")
+    m = t.merge(committed[committed["policy"] == he.TARGET], on=list(he.SETTING))
+    assert len(m) == len(t) and (m["co2_kg_default"] == m["total_co2_kg"]).all()
+    others = committed[committed["policy"].isin(he.ONLINE)]
+    best = others.loc[others.groupby(list(he.SETTING))["total_co2_kg"].idxmin()]
+    mb = t.merge(best, on=list(he.SETTING))
+    assert (mb["best_other_co2_kg"] == mb["total_co2_kg"]).all()  # (the name: either of a tie)
+    assert (t["lowest_co2"] == (t["co2_kg_kv_price"] < t["best_other_co2_kg"])).all()
+    sa, bd = t["session_affinity_kg"], t["bound_kg"]
+    for tag in ("default", "kv_price"):
+        np.testing.assert_allclose(t[f"share_{tag}"], (sa - t[f"co2_kg_{tag}"]) / (sa - bd),
+                                   rtol=1e-12)
+    sg = t[(t["dataset"] == "sharegpt") & (t["memory"] == "paper")]
+    moon = t[t["dataset"] == "mooncake"]
+    gain = 100 * (sg["share_kv_price"] - sg["share_default"])
+    assert (sg["ci_low_pct"] > 0).all()  # less CO2 than the default, every CI above 0
+
+    said = (f"lowest CO2 of every online policy in {int(t['lowest_co2'].sum())} of {len(t)}; on "
+            f"ShareGPT under the paper's memory rule {sg['saving_over_default_pct'].min():.1f}–"
+            f"{sg['saving_over_default_pct'].max():.1f}% less CO2 than the default router (every "
+            f"CI above 0), {gain.min():.1f}–{gain.max():.1f} points more of the bound's possible "
+            f"saving ({100 * sg['share_kv_price'].min():.1f}–"
+            f"{100 * sg['share_kv_price'].max():.1f}%), P95 TTFT lower in "
+            f"{int((sg['p95_ttft_s_kv_price'] < sg['p95_ttft_s_default']).sum())} of {len(sg)}; "
+            f"on the Mooncake trace {_num(moon['saving_over_default_pct'].min())} to "
+            f"{_num(moon['saving_over_default_pct'].max())}%")
+    print(said)
+    assert said in _model_text()

@@ -256,3 +256,58 @@ def test_the_return_exit_changes_decisions_the_engines_agree_on():
     moved = records["fallback", "compiled"]["deployment"] != records["return", "compiled"][
         "deployment"]
     assert moved.sum() > 10
+
+
+class _Forbid(HorizonRouter):
+    """The router with an extra price that rules out every deployment but the last candidate
+    (a test of HorizonRouter.extra_prices)."""
+
+    def compiled(self, info):
+        return None
+
+    chosen = 0
+    missed = 0
+
+    def extra_prices(self, ctx, cand, st):
+        price = np.full(len(cand.mask), np.inf)
+        self.last = int(np.flatnonzero(cand.mask)[-1])
+        price[self.last] = 0.0
+        return price
+
+    def on_served(self, ctx, a):
+        super().on_served(ctx, a)
+        self.chosen += 1
+        self.missed += a != self.last
+
+
+def test_a_subclass_prices_more_through_extra_prices():
+    # HorizonRouter.extra_prices is added to the objective before the choice: a price that rules
+    # out every candidate but the last leaves only that one; and the prototype KV price of
+    # docs/evidence/kv_price.py is 0 where no pool is ever full, so with memory for every context
+    # its records are the router's to the bit (in the Python loop, where it runs)
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "evidence"))
+    import kv_price
+
+    table = random_workload(7, 120, 2 * 3600)
+    config = SimulationConfig(regions=REGIONS3, d_ttft_s=1.5)
+    signal = random_signal(8, REGIONS3, 12 * 24)
+    tight = BackendConfig(slots_per_pool=4, kv_tokens_per_pool=1e5, ttl_s=600.0)
+    forbid = build_policy(_Forbid(), table, config, signal=signal, backend=tight)
+    simulate(table, forbid, config, signal, tight, engine="python")
+    assert forbid.chosen > 500 and forbid.missed == 0
+    plain = build_policy(HorizonRouter(), table, config, signal=signal, backend=tight)
+    base = simulate(table, plain, config, signal, tight, engine="python").records
+    ample = BackendConfig(slots_per_pool=4, kv_tokens_per_pool=1e12, ttl_s=600.0)
+    records = {}
+    for name, policy in (("router", HorizonRouter()), ("kv", kv_price.KVPricedHorizon())):
+        policy = build_policy(policy, table, config, signal=signal, backend=ample)
+        records[name] = simulate(table, policy, config, signal, ample, engine="python").records
+    pd.testing.assert_frame_equal(records["kv"].drop(columns="policy"),
+                                  records["router"].drop(columns="policy"), check_exact=True)
+    tight_kv = build_policy(kv_price.KVPricedHorizon(), table, config, signal=signal,
+                            backend=tight)
+    rec_kv = simulate(table, tight_kv, config, signal, tight, engine="python").records
+    assert (rec_kv["deployment"] != base["deployment"]).any()  # where pools fill, it prices

@@ -670,7 +670,19 @@ class HorizonRouter(Policy):
             kernel.ttft_prices(st.ttft_price, self.ttft_slo_s, st.nu, cand.carbon, cand.mask,
                                cand.ttft)
             total += st.ttft_price
+        extra = self.extra_prices(ctx, cand, st)
+        if extra is not None:
+            total += extra
         return cand.argmin(total)
+
+    def extra_prices(self, ctx: QueryContext, cand: Candidates, st: _RunState
+                     ) -> np.ndarray | None:
+        """A price per deployment (gCO2e, (n,); only the candidates' entries are read) added to
+        the router's objective before the choice (J ≥ 1), for a subclass that prices something more
+        (e.g. ``docs/evidence/kv_price.py``); None (the router): nothing. A subclass runs in the
+        Python loop only: the compiled loop knows the router's own terms, so its
+        :meth:`compiled` must return None."""
+        return None
 
     def _returns(self, ctx: QueryContext, st: _RunState) -> tuple:
         """The return exit's targets (:func:`carbonrouter_lib.kernel.return_targets`) for this

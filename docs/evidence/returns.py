@@ -70,13 +70,13 @@ def one(st: dict[str, str]) -> pd.DataFrame:
                     share_no_return=bound.share_of_possible_saving(sa, co2, no_return))
 
 
-def over_settings(fn, grid: str, script: str, with_grid: bool = False) -> list:
+def over_settings(fn, grid: str, script: str, with_grid: bool = False, keep=None) -> list:
     """``fn`` of each setting of ``grid`` ('full' or 'fresh', else an error naming ``script``;
-    with ``with_grid``, of (setting, grid)), two processes at a time, with a progress bar: the
-    loop of these per-setting evidence scripts."""
+    with ``with_grid``, of (setting, grid); with ``keep``, only the settings it is true of), two
+    processes at a time, with a progress bar: the loop of these per-setting evidence scripts."""
     if grid not in ("full", "fresh"):
         raise SystemExit(f"{script}: grid must be 'full' or 'fresh', got {grid!r}")
-    settings = he.grid_settings(grid)[0]
+    settings = [st for st in he.grid_settings(grid)[0] if keep is None or keep(st)]
     jobs = [(st, grid) for st in settings] if with_grid else settings
     with ProcessPoolExecutor(2) as pool:
         return list(tqdm(pool.map(fn, jobs), total=len(jobs), desc="settings"))
