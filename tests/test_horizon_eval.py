@@ -1684,3 +1684,14 @@ def test_the_kv_price_prototype_table_follows_from_its_runs(grid):
             f"{_num(moon['saving_over_default_pct'].max())}%")
     print(said)
     assert said in _model_text()
+    if grid == "full":  # P95 TTFT against CarbonRouter's, both grids' tables together
+        cr = []
+        for g in ("full", "fresh"):
+            c = pd.read_csv(EVIDENCE / f"horizon_{g}_table.csv")
+            cr.append(pd.read_csv(EVIDENCE / f"horizon_kv_price_{g}.csv").merge(
+                c[c["policy"] == "carbonrouter"], on=list(he.SETTING)))
+        cr = pd.concat(cr)
+        n = {tag: int((cr[f"p95_ttft_s_{tag}"] <= cr["p95_ttft_s"]).sum())
+             for tag in ("kv_price", "default")}
+        assert (f"its P95 TTFT is at most CarbonRouter's in {n['kv_price']} of the {len(cr)} "
+                f"settings against the default router's {n['default']}") in _model_text()
