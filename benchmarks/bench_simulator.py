@@ -70,7 +70,9 @@ VARIANTS = {f"{horizon_eval.TARGET} w/o slot price": (horizon_eval.TARGET,
             f"{horizon_eval.TARGET} with a 0.5-s TTFT SLO": (horizon_eval.TARGET,
                                                              {"ttft_slo_s": 0.5}),
             f"{horizon_eval.TARGET} with the return exit": (horizon_eval.TARGET,
-                                                            {"exit": "return"})}
+                                                            {"exit": "return"}),
+            f"{horizon_eval.TARGET} with the KV price": (horizon_eval.TARGET,
+                                                         {"kv_price": True})}
 _GATES: dict[tuple, gate.LearnedGate] = {}
 
 
@@ -99,12 +101,14 @@ def _row(measurement: str, policy: str, table: pd.DataFrame, n_regions: int, sta
     }
 
 
-def decision_latency(table: pd.DataFrame, signal: CarbonSignal) -> list[dict]:
-    """(a): per-query decision time of every policy over a full replay, µs, in each loop that
-    can replay it (the compiled loop: the built-in policies)."""
+def decision_latency(table: pd.DataFrame, signal: CarbonSignal,
+                     only: list[str] | None = None) -> list[dict]:
+    """(a): per-query decision time of every policy (``only``: of these registry names and
+    :data:`VARIANTS` labels) over a full replay, µs, in each loop that can replay it (the
+    compiled loop: the built-in policies)."""
     rows = []
     config = setting.SimulationConfig()
-    for name in (*POLICIES, *VARIANTS):
+    for name in only or (*POLICIES, *VARIANTS):
         for engine in ("python", "compiled"):
             try:
                 res = simulator.simulate(table, _policy(name, table, config, signal), config,
@@ -177,7 +181,16 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                         help="core to pin to (default: the last one this process may use)")
     parser.add_argument("--decisions-only", action="store_true",
                         help="only (a), the decision latency (results: simulator_decisions)")
+    parser.add_argument("--policies", nargs="+", default=None, metavar="NAME",
+                        help="with --decisions-only: time these policies (registry names or "
+                             "variant labels) only")
     args = parser.parse_args(argv)
+    unknown = set(args.policies or ()) - set(POLICIES) - set(VARIANTS)
+    if unknown:
+        parser.error(f"--policies: unknown {sorted(unknown)}; registry names {sorted(POLICIES)} "
+                     f"or variant labels {sorted(VARIANTS)}")
+    if args.policies and not args.decisions_only:
+        parser.error("--policies needs --decisions-only")
     repeats = 1 if args.quick else args.repeats
 
     allowed = sorted(os.sched_getaffinity(0))
@@ -193,10 +206,12 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     t0 = time.perf_counter()
     if not args.decisions_only:
         rows += gate_training(full, signals[4])
-    rows += decision_latency(full, signals[4])
+    rows += decision_latency(full, signals[4], args.policies)
     if args.decisions_only:
         result = pd.DataFrame(rows)
-        save_table(result, "simulator_decisions", args.results_dir)
+        # a selection does not overwrite the whole measurement
+        name = "simulator_decisions_selected" if args.policies else "simulator_decisions"
+        save_table(result, name, args.results_dir)
         _print(result)
         return result
     rows += throughput(full, list(POLICIES), signals[4], REGIONS[4], repeats, "throughput")

@@ -46,7 +46,8 @@ from numba.extending import intrinsic
 from numba.typed import List
 
 __all__ = ["CODES", "COUNTERS", "GATE_KINDS", "TIMES_DECISIONS", "TINY", "ReplayInfo", "cycles",
-           "horizon_future", "observe_room", "running_mean", "slot_prices", "replay", "rule"]
+           "horizon_future", "kv_prices", "observe_room", "running_mean", "slot_prices", "replay",
+           "rule"]
 
 #: Policy codes of the compiled decision rules.
 CODES = {"session-affinity": 0, "carbon-affinity": 1, "faircarbon": 2, "gar": 3,
@@ -668,6 +669,31 @@ def leave(left_dep, left_len, ret_dep, ret_len, a):
 
 
 @njit(**_LEAF)
+def kv_prices(price, evict, loss, evicted, prev, hist_prev, cached, e_in, e_cache, ci, post_m,
+              model, kv_cap, used, kv_pool):
+    """The horizon router's KV price (``HorizonRouter(kv_price=True)``), gCO2e per deployment,
+    into ``price`` (n,), with the tokens each deployment's turn would evict into ``evict`` (n,).
+    First it observes what the session lost on its previous deployment ``prev`` (−1: nothing to
+    observe): the history it had there, ``hist_prev`` tokens, not found cached, priced at
+    (e_in − e_cache)·CI there now, added to ``loss`` (per KV pool, gCO2e). A candidate a in pool
+    p then evicts max(0, H_0(a) − L(a) − (capacity_p − used_p)) tokens of other caches
+    (``post_m`` H_0 per model, ``cached`` L(a), ``kv_cap``/``used`` per pool, tokens), each at
+    λ_p = ``loss[p]`` / ``evicted[p]`` (0 while the router has evicted nothing there);
+    ``evicted`` (per pool, tokens) is the caller's to add the chosen deployment's ``evict`` to
+    once it is served. One function for both replay loops."""
+    if prev >= 0:
+        lost = hist_prev - cached[prev]
+        if lost > 0:
+            loss[kv_pool[prev]] += lost * (e_in[prev] - e_cache[prev]) * ci[prev]
+    for b in range(len(price)):
+        kp = kv_pool[b]
+        x = post_m[model[b]] - cached[b] - (kv_cap[kp] - used[kp])
+        evict[b] = x if x > 0.0 else 0.0
+        lam = loss[kp] / evicted[kp] if evicted[kp] > 0 else 0.0
+        price[b] = lam * evict[b]
+
+
+@njit(**_LEAF)
 def forecast_minima(fc, lo, arg):
     """Per future turn j of the forecast ``fc`` (regions, J), gCO2e/kWh: the least intensity
     into ``lo`` (J,) and its region, the first on ties, into ``arg`` (J,) — where
@@ -1064,7 +1090,7 @@ def _replay(
     h_j, h_online, h_rho, h_smoothing, h_cache_survival, h_stickiness, h_release, h_survival,
     h_new, h_out, h_stay, h_keep0, h_fc, h_row0, h_fold, h_sfold, h_slot, h_slot_s, h_surv_sum,
     h_tau, h_slot_res, h_slot_credit, h_fallback, h_eligible, h_use_fallback, h_option, h_ref,
-    h_tg_slo, h_tg_share, h_tg_step, h_told_m, h_tfeas, h_tstart, h_conv, h_return,
+    h_tg_slo, h_tg_share, h_tg_step, h_told_m, h_tfeas, h_tstart, h_conv, h_return, h_kvp,
     c_row, c_dep, c_disp, c_compl, c_cached, c_ttft, c_be, c_rej, c_switch, c_opp, c_block,
     counters, time_decisions, dec_cyc,
 ):
@@ -1173,6 +1199,12 @@ def _replay(
     h_nu = 0.0
     h_tprice = np.zeros(nd)
     h_ttft = np.zeros(nd)
+    # the KV price (kv_prices): per KV pool the carbon lost to missing history and the tokens
+    # the router's choices evicted; per deployment the price and its turn's evicted tokens
+    h_kv_loss = np.zeros(n_kv)
+    h_kv_evicted = np.zeros(n_kv)
+    h_kv_price = np.zeros(nd)
+    h_kv_evict = np.zeros(nd)
     cur_row = -1
     prev_served = np.full(n_sessions, -1, np.int64)
     served_on = np.full(n, -1, np.int32)
@@ -1384,6 +1416,11 @@ def _replay(
             if priced:
                 _ttfts(h_ttft, nd, at, new_f, hist_f, model, hit_a, hit_miss, n_hits, v_pre)
                 ttft_prices(h_tprice, h_tg_slo, h_nu, value, mask, h_ttft)
+            if h_kvp:
+                b = prev if k > 0 else -1
+                kv_prices(h_kv_price, h_kv_evict, h_kv_loss, h_kv_evicted, b,
+                          hist_f[at + model[b]] if b >= 0 else 0.0, cached, e_in, e_cache, ci,
+                          post_m, model, kv_cap, used, kvp_of)
             # the candidates' totals, summed one by one: a loop over every deployment would
             # read Ĉ, the future and the price back in vectors right after they were written
             # one by one, and wait for the stores to land
@@ -1395,6 +1432,8 @@ def _replay(
                         v = v + h_price[b]
                     if priced:
                         v = v + h_tprice[b]
+                    if h_kvp:
+                        v = v + h_kv_price[b]
                     if v < lo:
                         lo, a = v, b
             if a == -1:
@@ -1530,6 +1569,8 @@ def _replay(
                 h_nu = ttft_dual(h_nu, ttft, h_tg_slo, h_tg_share, h_tg_step)
             if k > 0 and prev >= 0:  # on_served: how often the router keeps a session
                 h_stayed = running_mean(h_stayed, 1.0 if a == prev else 0.0, h_smoothing)
+            if h_kvp:  # the tokens the chosen turn evicted, for λ_p
+                h_kv_evicted[kvp_of[a]] += h_kv_evict[a]
             if h_return:  # the caches the session leaves behind now
                 leave(left_dep[s], left_len[s], ret_dep, ret_len, a)
             if h_release and prev >= 0 and prev != a:  # drop the cache left behind
@@ -1685,7 +1726,7 @@ def rule(name: str, **params) -> dict:
                 h_eligible=np.ones((1, 1), np.bool_), h_use_fallback=False, h_option=False,
                 h_ref=0, h_tg_slo=0.0, h_tg_share=0.05, h_tg_step=0.05, h_told_m=False,
                 h_tfeas=np.zeros((1, 1), np.bool_), h_tstart=np.zeros(2, np.int64),
-                h_conv=np.zeros(1, np.int64), h_return=False)
+                h_conv=np.zeros(1, np.int64), h_return=False, h_kvp=False)
     unknown = set(params) - set(spec)
     if unknown:
         raise ValueError(f"kernel.rule: unknown parameters {sorted(unknown)}")

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from test_simulator import CONFIG, make_signal, make_table, workloads
 
+from carbonrouter_lib import kernel
 from carbonrouter_lib.backend import BackendConfig
 from carbonrouter_lib.build import build_policy
 from carbonrouter_lib.carbon import CarbonSignal
@@ -88,6 +89,9 @@ def policies(gate: LearnedGate, table: pd.DataFrame, config: SimulationConfig):
     yield "horizon option, cheapest exit, no survival", HorizonRouter(
         exit="cheapest", cache_survival=False, smoothing=0.3)
     yield "horizon return exit", HorizonRouter(exit="return", smoothing=0.3)
+    yield "horizon KV price", HorizonRouter(kv_price=True)
+    yield "horizon KV price, return exit, TTFT SLO", HorizonRouter(
+        kv_price=True, exit="return", ttft_slo_s=0.4, ttft_share=0.1, ttft_step=0.3)
     yield "horizon return exit, no option, no survival", HorizonRouter(
         exit="return", option=False, cache_survival=False)
     # references told the future (docs/evidence/told.py)
@@ -282,15 +286,7 @@ class _Forbid(HorizonRouter):
 
 def test_a_subclass_prices_more_through_extra_prices():
     # HorizonRouter.extra_prices is added to the objective before the choice: a price that rules
-    # out every candidate but the last leaves only that one; and the prototype KV price of
-    # docs/evidence/kv_price.py is 0 where no pool is ever full, so with memory for every context
-    # its records are the router's to the bit (in the Python loop, where it runs)
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "evidence"))
-    import kv_price
-
+    # out every candidate but the last leaves only that one
     table = random_workload(7, 120, 2 * 3600)
     config = SimulationConfig(regions=REGIONS3, d_ttft_s=1.5)
     signal = random_signal(8, REGIONS3, 12 * 24)
@@ -298,16 +294,49 @@ def test_a_subclass_prices_more_through_extra_prices():
     forbid = build_policy(_Forbid(), table, config, signal=signal, backend=tight)
     simulate(table, forbid, config, signal, tight, engine="python")
     assert forbid.chosen > 500 and forbid.missed == 0
-    plain = build_policy(HorizonRouter(), table, config, signal=signal, backend=tight)
-    base = simulate(table, plain, config, signal, tight, engine="python").records
-    ample = BackendConfig(slots_per_pool=4, kv_tokens_per_pool=1e12, ttl_s=600.0)
+
+
+def test_kv_prices_by_hand():
+    # two KV pools (deployments 0, 1 in pool 0; 2 in pool 1), two models; the session lost 300
+    # of its 500 history tokens on deployment 1 (e_in − e_cache = 2e-6 kWh per token, 400 g/kWh)
+    price, evict = np.full(3, 9.0), np.full(3, 9.0)
+    loss, evicted = np.array([0.1, 0.0]), np.array([1000.0, 0.0])
+    cached = np.array([0.0, 200.0, 0.0])
+    post, model, pools = np.array([900.0, 2500.0]), np.array([0, 1, 1]), np.array([0, 0, 1])
+    cap, used = np.array([1000, 5000], np.int64), np.array([600, 5000], np.int64)
+    kernel.kv_prices(price, evict, loss, evicted, 1, 500.0, cached, np.array([3e-6, 3e-6, 4e-6]),
+                     np.array([1e-6, 1e-6, 1e-6]), np.array([100.0, 400.0, 50.0]), post, model,
+                     cap, used, pools)
+    lost = 0.1 + 300 * 2e-6 * 400
+    assert loss == pytest.approx([lost, 0.0])
+    # pool 0 has 400 tokens free: deployment 0 adds 900, deployment 1 2500 − 200; pool 1 is full
+    assert evict == pytest.approx([500.0, 1900.0, 2500.0])
+    # λ_0 = lost / 1000 tokens; nothing evicted yet in pool 1, so λ_1 = 0
+    assert price == pytest.approx([lost / 1000 * 500.0, lost / 1000 * 1900.0, 0.0])
+    # nothing to observe (a first turn): the loss stays
+    kernel.kv_prices(price, evict, loss, evicted, -1, 0.0, cached, np.ones(3), np.zeros(3),
+                     np.ones(3), post, model, cap, used, pools)
+    assert loss == pytest.approx([lost, 0.0])
+
+
+def test_the_kv_price_is_the_router_where_no_pool_fills_and_prices_where_they_do():
+    # with memory for every context no turn evicts, the price is 0 and the records are the
+    # router's to the bit; with tight memory it changes decisions (both engines agree on it in
+    # the tests above)
+    table = random_workload(7, 120, 2 * 3600)
+    config = SimulationConfig(regions=REGIONS3, d_ttft_s=1.5)
+    signal = random_signal(8, REGIONS3, 12 * 24)
     records = {}
-    for name, policy in (("router", HorizonRouter()), ("kv", kv_price.KVPricedHorizon())):
-        policy = build_policy(policy, table, config, signal=signal, backend=ample)
-        records[name] = simulate(table, policy, config, signal, ample, engine="python").records
-    pd.testing.assert_frame_equal(records["kv"].drop(columns="policy"),
-                                  records["router"].drop(columns="policy"), check_exact=True)
-    tight_kv = build_policy(kv_price.KVPricedHorizon(), table, config, signal=signal,
-                            backend=tight)
-    rec_kv = simulate(table, tight_kv, config, signal, tight, engine="python").records
-    assert (rec_kv["deployment"] != base["deployment"]).any()  # where pools fill, it prices
+    for memory, kv in (("ample", 1e12), ("tight", 1e5)):
+        backend = BackendConfig(slots_per_pool=4, kv_tokens_per_pool=kv, ttl_s=600.0)
+        for name, router in (("router", HorizonRouter()), ("kv", HorizonRouter(kv_price=True))):
+            policy = build_policy(router, table, config, signal=signal, backend=backend)
+            records[memory, name] = simulate(table, policy, config, signal, backend).records
+    pd.testing.assert_frame_equal(records["ample", "kv"], records["ample", "router"],
+                                  check_exact=True)
+    moved = records["tight", "kv"]["deployment"] != records["tight", "router"]["deployment"]
+    assert moved.sum() > 10
+    assert HorizonRouter(kv_price=True).params()["kv_price"] is True
+    assert "kv_price" not in HorizonRouter().params()  # the default's runs keep their keys
+    with pytest.raises(ValueError, match="kv_price needs horizon"):
+        HorizonRouter(horizon=0, kv_price=True)

@@ -127,6 +127,18 @@ alike on all of them: the price cannot move it, and where such queries exceed th
 rising and the router meets the SLO wherever a candidate can. It reads only TTFTs already
 served; both replay loops run it.
 
+The *KV price* (``kv_price=True``, a variant; docs/model.md §11.4a). Under the paper's memory
+rule a turn that builds a cache in a full KV pool evicts other sessions' caches, and they
+recompute that history at their next turn: a cost the session's own horizon does not see. For
+each candidate a in KV pool p the router counts the tokens its turn would evict, max(0, H_0(a) −
+L(a) − free_p) (free_p the pool's free KV tokens at dispatch), and prices each at λ_p = (carbon
+the sessions in p lost to missing history) / (tokens the router's own choices evicted in p), both
+summed since the run's start: at each session's turn, what it lost on its previous deployment b
+is (N_hist − L(b))·(e_in − e_cache)·CI_b now (TTL and eviction alike), and each served turn adds
+its evicted tokens (:func:`carbonrouter_lib.kernel.kv_prices`). Caches of sessions that have left
+are evicted first and lose nothing, so λ_p stays low where a full pool holds them. It adds no
+parameter, reads only the past, and both replay loops run it.
+
 *Told the future* (references, not online policies; docs/evidence/told.py). ``forecast=
 "clairvoyant"`` prices the future turns with the intensities that will be in force at d + j·τ
 (:class:`carbonrouter_lib.forecast.Clairvoyant`), and ``session_length="told"`` with the
@@ -438,6 +450,10 @@ class HorizonRouter(Policy):
         each future turn that the session has, q_m is whether model m will be quality-feasible
         there and the exit the smallest model that will be (a reference that reads the future;
         its model must be fitted with ``tell_models=True``; needs ``model_stickiness``).
+    kv_price : bool
+        Price the cached tokens of other sessions a choice evicts in a full KV pool at λ_p, the
+        carbon sessions lost there to missing history per token this router's choices evicted
+        there (module docstring, "The KV price"). Default False: a variant.
     """
 
     name = "carbonrouter-horizon"
@@ -451,7 +467,7 @@ class HorizonRouter(Policy):
                  exit: str = "fallback", option: bool = True, slot_credit: bool = True,
                  ttft_slo_s: float | None = None, ttft_share: float = 0.05,
                  ttft_step: float = 0.05, session_length: str = "learned",
-                 future_models: str = "learned") -> None:
+                 future_models: str = "learned", kv_price: bool = False) -> None:
         from carbonrouter_lib.forecast import FORECASTERS, REFERENCE_FORECASTERS
 
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
@@ -483,7 +499,7 @@ class HorizonRouter(Policy):
                                                              model_stickiness),
                         ("release", release), ("slot_price", slot_price),
                         ("slot_residence", slot_residence), ("option", option),
-                        ("slot_credit", slot_credit)):
+                        ("slot_credit", slot_credit), ("kv_price", kv_price)):
             if not isinstance(v, bool):
                 raise ValueError(f"HorizonRouter.{name} must be a bool, got {v!r}")
         for name, v in (("smoothing", smoothing), ("slot_smoothing", slot_smoothing)):
@@ -498,6 +514,10 @@ class HorizonRouter(Policy):
         if not slot_credit and not slot_price:
             raise ValueError("HorizonRouter.slot_credit=False needs slot_price=True")
         self.slot_residence, self.slot_credit = slot_residence, slot_credit
+        if kv_price and horizon == 0:
+            raise ValueError("HorizonRouter.kv_price needs horizon ≥ 1 (with J = 0 the router is "
+                             "CarbonRouter's proposal)")
+        self.kv_price = kv_price
         self.exit, self.option = exit, option
         if ttft_slo_s is not None and (isinstance(ttft_slo_s, bool) or not isinstance(
                 ttft_slo_s, int | float) or not 0 < ttft_slo_s < math.inf):
@@ -579,6 +599,8 @@ class HorizonRouter(Policy):
             p |= {"session_length": self.session_length}
         if self.future_models != "learned":
             p |= {"future_models": self.future_models}
+        if self.kv_price:
+            p |= {"kv_price": True}
         return p | {"exit": self.exit, "option": self.option}
 
     # ---- per-run state ----------------------------------------------------------------------
@@ -621,6 +643,10 @@ class HorizonRouter(Policy):
         # the return exit's p_left per KV pool, and per session the caches it left (leave)
         state.keep_left = state.keep.copy()
         state.left = {}
+        # the KV price (kernel.kv_prices): per KV pool the carbon lost to missing history and
+        # the tokens this router's choices evicted; per deployment the price and evicted tokens
+        state.kv_loss, state.kv_evicted = np.zeros(len(state.keep)), np.zeros(len(state.keep))
+        state.kv_price, state.kv_evict = np.zeros(d.n), np.zeros(d.n)
         if self.future_models == "told":
             state.stay_j = np.ones((len(d.models), self.horizon))
             state.exit_j = np.full(self.horizon, -1, np.int64)
@@ -670,6 +696,14 @@ class HorizonRouter(Policy):
             kernel.ttft_prices(st.ttft_price, self.ttft_slo_s, st.nu, cand.carbon, cand.mask,
                                cand.ttft)
             total += st.ttft_price
+        if self.kv_price:
+            b = ctx.prev if ctx.turn > 0 else -1
+            kernel.kv_prices(st.kv_price, st.kv_evict, st.kv_loss, st.kv_evicted, b,
+                             float(ctx.n_hist_m[st.model[b]]) if b >= 0 else 0.0, ctx.cached,
+                             st.e_in, st.e_cache, ctx.ci, post, st.model,
+                             ctx.backend.kv_capacities(), ctx.backend.pool_used_tokens(),
+                             st.kv_pool)
+            total += st.kv_price
         extra = self.extra_prices(ctx, cand, st)
         if extra is not None:
             total += extra
@@ -679,9 +713,9 @@ class HorizonRouter(Policy):
                      ) -> np.ndarray | None:
         """A price per deployment (gCO2e, (n,); only the candidates' entries are read) added to
         the router's objective before the choice (J ≥ 1), for a subclass that prices something more
-        (e.g. ``docs/evidence/kv_price.py``); None (the router): nothing. A subclass runs in the
-        Python loop only: the compiled loop knows the router's own terms, so its
-        :meth:`compiled` must return None."""
+        (a prototype of one's own: the KV price began as one); None (the router): nothing. A
+        subclass runs in the Python loop only: the compiled loop knows the router's own terms,
+        so its :meth:`compiled` must return None."""
         return None
 
     def _returns(self, ctx: QueryContext, st: _RunState) -> tuple:
@@ -794,7 +828,7 @@ class HorizonRouter(Policy):
             h_slot_credit=self.slot_credit,
             h_fallback=model.fallback, h_eligible=model.eligible,
             h_use_fallback=self.exit != "cheapest", h_option=self.option,
-            h_return=self.exit == "return",
+            h_return=self.exit == "return", h_kvp=self.kv_price,
             h_ref=MODELS.index(REFERENCE_DEPLOYMENT[0]),
             h_tg_slo=0.0 if self.ttft_slo_s is None else self.ttft_slo_s,
             h_tg_share=self.ttft_share, h_tg_step=self.ttft_step,
@@ -814,6 +848,8 @@ class HorizonRouter(Policy):
             # how often this router keeps a session where it was: the chance a future turn is
             # still on the deployment chosen now, per turn (the "online" continuation)
             st.stayed = kernel.running_mean(st.stayed, float(a == ctx.prev), self.smoothing)
+        if st is not None and self.kv_price:  # the tokens the chosen turn evicted, for λ_p
+            st.kv_evicted[st.kv_pool[a]] += st.kv_evict[a]
         if st is not None and self.exit == "return":  # the caches the session leaves behind now
             left = st.left.get(ctx.session)
             if left is None:

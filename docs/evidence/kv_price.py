@@ -1,25 +1,32 @@
-"""A prototype of the *KV price* (docs/model.md §11.4a, "The return exit", and §11.4c point to it):
-the horizon router with a price on the cached tokens a choice evicts in a full KV pool, learned
-from what the sessions whose caches were evicted lose. Python loop only (``HorizonRouter.
-extra_prices``), against the default router on every ShareGPT setting of a grid and the Mooncake
-trace's four winter (February) settings: ``horizon_kv_price_{grid}.csv``, a go / no-go for
-building it into both loops and running it on both grids.
+"""The horizon router's *KV price* (``HorizonRouter(kv_price=True)``; docs/model.md §11.4a, "The
+KV price"; §11.4a's return exit and §11.4c's caching ceiling point to it) against every online
+policy and against the default router, on notebook 09's full grid and fresh weeks:
+
+- ``horizon_kv_price_{grid}_table.csv`` (:func:`carbonrouter_lib.horizon_eval.table`: every
+  policy's CO2 and P95 TTFT, and the variant's saving over it, paired 95% CIs over
+  conversations), ``horizon_kv_price_{grid}_verdicts.csv`` (:func:`~carbonrouter_lib.
+  horizon_eval.verdicts` of the variant) and ``horizon_kv_price_{grid}_bound.csv`` (each
+  policy's share of the committed clairvoyant bound's possible saving);
+- ``horizon_kv_price_{grid}.csv``: per setting the variant against the default router, with
+  the paired saving's CI, the shares of the bound's saving, P95 TTFT, KV hit rate, switches,
+  quality and the tokens evicted (the backend's counter).
 
 The price. For each candidate deployment a in KV pool p, the tokens its turn adds beyond what is
 cached there, H_0(a) − L(a), evict max(0, H_0(a) − L(a) − free_p) tokens of other caches (free_p
 the pool's free tokens at dispatch). Each evicted token is priced at λ_p, gCO2e per token: the
 carbon sessions lost to missing history in pool p (at each session's turn, what its cache on its
 previous deployment lost, (H − L)·(e_in − e_cache)·I at that deployment's intensity now; eviction
-and TTL both), over the tokens this router's own choices evicted in p (the sum of the evicted
-tokens of the deployments it chose), both summed since the replay's start. Caches of sessions that
-have left are evicted first and lose nothing, so λ_p is low where a full pool holds them. No
-parameter.
+and TTL both), over the tokens this router's own choices evicted in p, both summed since the
+replay's start (:func:`carbonrouter_lib.kernel.kv_prices`). No parameter.
 
-What was looked at: the tuned setting only (ShareGPT, the paper's regions and memory rule,
-winter), where the return exit's loss and the caching ceiling were measured, in one run of this
-rule, written before that run and not changed after (4.7% [4.1, 5.4] less CO2 than the default
-router there). Every other setting of the table is held-out. About 30 minutes for the full grid's
-20 settings on two cores. Run from the repository root:
+What was looked at: the rule was written before its first run, at the tuned setting (ShareGPT,
+the paper's regions and memory rule, winter; 4.7% [4.1, 5.4] less CO2 than the default router
+there), and not changed after; that setting is not held-out here (``designed_on``). Every other
+setting of both grids is held-out. It was first run as a Python-loop prototype (commit 6334e0e,
+a subclass of the router, on the ShareGPT settings and the Mooncake trace's winter); built into
+both loops, it gives those runs' records to the bit (the ``horizon_kv_price_{grid}.csv`` rows
+of that commit are this script's). About 25 minutes a grid on two cores (every policy is
+replayed; the bound is the committed one). Run from the repository root:
 ``.venv/bin/python docs/evidence/kv_price.py full|fresh``.
 """
 
@@ -28,61 +35,28 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from carbonrouter_lib import bound, metrics, sweep
 from carbonrouter_lib import horizon_eval as he
 from carbonrouter_lib.outputs import save_table
-from carbonrouter_lib.policies import HorizonRouter
 
 HERE = Path(__file__).resolve().parent
-#: The label of the prototype in the table.
-LABEL = "carbonrouter-horizon (KV price)"
-
-
-class KVPricedHorizon(HorizonRouter):
-    """The horizon router with the KV price of this module's docstring (Python loop only)."""
-
-    name = LABEL
-
-    def compiled(self, info) -> dict | None:
-        return None  # the compiled loop knows the router's own terms only
-
-    def extra_prices(self, ctx, cand, st) -> np.ndarray:
-        if not hasattr(st, "kv_loss"):
-            st.kv_loss = np.zeros(len(st.keep))  # gCO2e lost to missing history, per KV pool
-            st.kv_evicted = np.zeros(len(st.keep))  # tokens this router's choices evicted
-            st.kv_evict = np.zeros(len(st.e_in))  # per deployment, at this query
-        b = ctx.prev
-        if ctx.turn > 0 and b >= 0:
-            lost = ctx.n_hist_m[st.model[b]] - ctx.cached[b]
-            if lost > 0:
-                st.kv_loss[st.kv_pool[b]] += lost * (st.e_in[b] - st.e_cache[b]) * ctx.ci[b]
-        free = ctx.backend.kv_capacities() - ctx.backend.pool_used_tokens()
-        post = (ctx.n_hist_m + ctx.n_new_m + ctx.n_out_est_m)[st.model]
-        np.maximum(post - ctx.cached - free[st.kv_pool], 0.0, out=st.kv_evict)
-        lam = np.divide(st.kv_loss, st.kv_evicted, out=np.zeros_like(st.kv_loss),
-                        where=st.kv_evicted > 0)
-        return lam[st.kv_pool] * st.kv_evict
-
-    def on_served(self, ctx, a: int) -> None:
-        super().on_served(ctx, a)
-        st = self._bound
-        if st is not None and hasattr(st, "kv_evict"):
-            st.kv_evicted[st.kv_pool[a]] += st.kv_evict[a]
+#: The variant's parameters over the router's defaults.
+KV_PARAMS = {"kv_price": True}
+#: The label of the router with its defaults in the variant's grid tables.
+DEFAULT = "carbonrouter-horizon (no KV price)"
 
 
 def one(job: tuple[dict[str, str], str]) -> dict:
-    """The prototype against the default router in setting ``job[0]`` of grid ``job[1]``: CO2,
+    """The KV price against the default router in setting ``job[0]`` of grid ``job[1]``: CO2,
     the paired saving over the default with its 95% CI (sessions resampled), the shares of the
     committed bound's possible saving, P95 TTFT, KV hit rate, switches, evicted tokens, and the
     least CO2 of the other online policies in the committed grid table."""
     st, grid = job
     wcfg, scfg = he.setting(st)
     default = sweep.run_one(sweep.RunSpec.make(wcfg, scfg, he.TARGET))
-    res = sweep.replay(sweep.RunSpec.make(wcfg, scfg, he.TARGET), policy=KVPricedHorizon(),
-                       engine="python")
+    res = sweep.replay(sweep.RunSpec.make(wcfg, scfg, he.TARGET, policy_params=KV_PARAMS))
     key = tuple(st[c] for c in he.SETTING)
     b = pd.read_csv(HERE / f"horizon_{grid}_bound.csv")
     row = b[b["policy"] == he.TARGET].set_index(list(he.SETTING)).loc[key]
@@ -107,17 +81,17 @@ def one(job: tuple[dict[str, str], str]) -> dict:
     return out
 
 
-def chosen(st: dict[str, str]) -> bool:
-    """The settings of the prototype's table: every ShareGPT setting and the Mooncake trace's
-    four in winter (February in the fresh weeks): the Python loop takes minutes a Mooncake
-    setting."""
-    return st["dataset"] == "sharegpt" or st["season"] in ("winter", "february")
-
-
 def main(grid: str) -> None:
     from returns import over_settings  # the per-setting loop
+    from slot_credit import variant_runs, write_variant_grid  # variant grids
 
-    t = pd.DataFrame(over_settings(one, grid, "kv_price.py", with_grid=True, keep=chosen))
+    if grid not in ("full", "fresh"):
+        raise SystemExit(f"kv_price.py: grid must be 'full' or 'fresh', got {grid!r}")
+    runs = variant_runs(he.grid_settings(grid)[0], KV_PARAMS, DEFAULT)
+    results = sweep.run_sweep(list(runs["spec"]))
+    write_variant_grid(he.table(results, runs), "kv_price", grid, other=DEFAULT,
+                       designed_on=[he.TUNED])
+    t = pd.DataFrame(over_settings(one, grid, "kv_price.py", with_grid=True))
     t["lowest_co2"] = t["co2_kg_kv_price"] < t["best_other_co2_kg"]
     save_table(t, f"horizon_kv_price_{grid}", HERE, parquet=False)
     print(t.round(4).to_string())
