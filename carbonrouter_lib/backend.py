@@ -223,6 +223,7 @@ class Backend:
         self._running: dict[int, int] = {}  # session → deployment of its running turn
         self._holder: dict[int, int] = {}  # session → pool whose slot it holds
         self._departed: set[int] = set()
+        self._done: dict[int, float] = {}  # session → when its latest turn completed
         # Free slots per pool and, per deployment, whether its pool has one: kept up to date on
         # every slot change so that the per-query reads are one copy each.
         self._free = np.full(self._n_pools, self._slots, dtype=np.int64)
@@ -415,6 +416,7 @@ class Backend:
         if now != self._now:  # advancing to the current time is a no-op
             self.advance(now)
         del self._running[s]
+        self._done[s] = self._now
         rec = self._caches[s][a]
         rec.pinned = False
         rec.f_last = self._now
@@ -482,6 +484,11 @@ class Backend:
         """The deployment of ``session``'s running turn, or -1."""
         return self._running.get(session, -1)
 
+    def last_completion(self, session: int) -> float:
+        """When ``session``'s latest turn completed, s since the Unix epoch (−inf if none has):
+        its caches idle since then expire once ``now > last_completion + ttl_s``."""
+        return self._done.get(session, -math.inf)
+
     def has_departed(self, session: int) -> bool:
         """Whether ``session`` has departed."""
         return session in self._departed
@@ -522,6 +529,7 @@ class Backend:
         new._running = dict(self._running)
         new._holder = dict(self._holder)
         new._departed = set(self._departed)
+        new._done = dict(self._done)
         new._free = self._free.copy()
         new._open = self._open.copy()
         new._used = list(self._used)

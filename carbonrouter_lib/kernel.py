@@ -1091,6 +1091,7 @@ def _replay(
     h_new, h_out, h_stay, h_keep0, h_fc, h_row0, h_fold, h_sfold, h_slot, h_slot_s, h_surv_sum,
     h_tau, h_slot_res, h_slot_credit, h_fallback, h_eligible, h_use_fallback, h_option, h_ref,
     h_tg_slo, h_tg_share, h_tg_step, h_told_m, h_tfeas, h_tstart, h_conv, h_return, h_kvp,
+    h_kv_ttl,
     c_row, c_dep, c_disp, c_compl, c_cached, c_ttft, c_be, c_rej, c_switch, c_opp, c_block,
     counters, time_decisions, dec_cyc,
 ):
@@ -1205,6 +1206,7 @@ def _replay(
     h_kv_evicted = np.zeros(n_kv)
     h_kv_price = np.zeros(nd)
     h_kv_evict = np.zeros(nd)
+    last_done = np.full(n_sessions, -inf)  # Backend.last_completion
     cur_row = -1
     prev_served = np.full(n_sessions, -1, np.int64)
     served_on = np.full(n, -1, np.int32)
@@ -1248,6 +1250,7 @@ def _replay(
             s = sess[i]
             a = served_on[i]
             if a >= 0:  # complete(s, a, t)
+                last_done[s] = now
                 r = rec_of[s, a]
                 rec_pin[r] = False
                 rec_f[r] = now
@@ -1418,6 +1421,8 @@ def _replay(
                 ttft_prices(h_tprice, h_tg_slo, h_nu, value, mask, h_ttft)
             if h_kvp:
                 b = prev if k > 0 else -1
+                if h_kv_ttl and b >= 0 and last_done[s] + ttl < t:
+                    b = -1  # the cache had expired: no eviction took it
                 kv_prices(h_kv_price, h_kv_evict, h_kv_loss, h_kv_evicted, b,
                           hist_f[at + model[b]] if b >= 0 else 0.0, cached, e_in, e_cache, ci,
                           post_m, model, kv_cap, used, kvp_of)
@@ -1726,7 +1731,8 @@ def rule(name: str, **params) -> dict:
                 h_eligible=np.ones((1, 1), np.bool_), h_use_fallback=False, h_option=False,
                 h_ref=0, h_tg_slo=0.0, h_tg_share=0.05, h_tg_step=0.05, h_told_m=False,
                 h_tfeas=np.zeros((1, 1), np.bool_), h_tstart=np.zeros(2, np.int64),
-                h_conv=np.zeros(1, np.int64), h_return=False, h_kvp=False)
+                h_conv=np.zeros(1, np.int64), h_return=False, h_kvp=False,
+                h_kv_ttl=False)
     unknown = set(params) - set(spec)
     if unknown:
         raise ValueError(f"kernel.rule: unknown parameters {sorted(unknown)}")

@@ -105,6 +105,20 @@ def test_ttl_boundary_and_refresh():
     assert b.cache_length(2, P0[1]) == 0
 
 
+def test_last_completion_is_when_the_sessions_latest_turn_completed():
+    # Backend.last_completion: −inf before any completion; the latest completion of the session
+    # (whichever deployment), kept after its caches expire and in a copy, not shared with it
+    b = make(ttl=10.0)
+    assert b.last_completion(1) == -math.inf
+    turn(b, 1, P0[0], 0.0, 40, f=2.0)
+    turn(b, 1, P0[1], 5.0, 60, f=7.5)
+    assert b.last_completion(1) == 7.5 and b.last_completion(2) == -math.inf
+    b.advance(30.0)  # both caches expired: 30 > 7.5 + 10
+    assert b.cache_length(1, P0[1]) == 0 and b.last_completion(1) == 7.5
+    c = b.copy()
+    turn(c, 1, P0[0], 31.0, 10, f=32.0)
+    assert c.last_completion(1) == 32.0 and b.last_completion(1) == 7.5
+
 def test_pinned_cache_never_expires_or_is_evicted():
     b = make(kv=100.0, ttl=10.0)
     b.dispatch(1, P0[0], 0.0, 80)

@@ -90,6 +90,7 @@ def policies(gate: LearnedGate, table: pd.DataFrame, config: SimulationConfig):
         exit="cheapest", cache_survival=False, smoothing=0.3)
     yield "horizon return exit", HorizonRouter(exit="return", smoothing=0.3)
     yield "horizon KV price", HorizonRouter(kv_price=True)
+    yield "horizon KV price within the TTL", HorizonRouter(kv_price=True, kv_loss="within_ttl")
     yield "horizon KV price, return exit, TTFT SLO", HorizonRouter(
         kv_price=True, exit="return", ttft_slo_s=0.4, ttft_share=0.1, ttft_step=0.3)
     yield "horizon return exit, no option, no survival", HorizonRouter(
@@ -340,3 +341,29 @@ def test_the_kv_price_is_the_router_where_no_pool_fills_and_prices_where_they_do
     assert "kv_price" not in HorizonRouter().params()  # the default's runs keep their keys
     with pytest.raises(ValueError, match="kv_price needs horizon"):
         HorizonRouter(horizon=0, kv_price=True)
+
+
+def test_the_kv_price_within_the_ttl_counts_only_what_no_expiry_took():
+    # kv_loss="within_ttl": with no TTL (inf) every loss is within it and the rule is the KV
+    # price's to the bit; with a short TTL it drops the expired caches' losses and routes
+    # otherwise (both engines agree on it in the tests above)
+    table = random_workload(7, 120, 2 * 3600)
+    config = SimulationConfig(regions=REGIONS3, d_ttft_s=1.5)
+    signal = random_signal(8, REGIONS3, 12 * 24)
+    records = {}
+    for ttl in (math.inf, 300.0):
+        backend = BackendConfig(slots_per_pool=4, kv_tokens_per_pool=1e5, ttl_s=ttl)
+        for rule in ("all", "within_ttl"):
+            policy = build_policy(HorizonRouter(kv_price=True, kv_loss=rule), table, config,
+                                  signal=signal, backend=backend)
+            records[ttl, rule] = simulate(table, policy, config, signal, backend).records
+    pd.testing.assert_frame_equal(records[math.inf, "within_ttl"], records[math.inf, "all"],
+                                  check_exact=True)
+    moved = records[300.0, "within_ttl"]["deployment"] != records[300.0, "all"]["deployment"]
+    assert moved.sum() > 10
+    assert HorizonRouter(kv_price=True, kv_loss="within_ttl").params()["kv_loss"] == "within_ttl"
+    assert "kv_loss" not in HorizonRouter(kv_price=True).params()
+    with pytest.raises(ValueError, match="kv_loss needs kv_price"):
+        HorizonRouter(kv_loss="within_ttl")
+    with pytest.raises(ValueError, match="kv_loss must be one of"):
+        HorizonRouter(kv_price=True, kv_loss="evictions")

@@ -137,7 +137,9 @@ summed since the run's start: at each session's turn, what it lost on its previo
 is (N_hist − L(b))·(e_in − e_cache)·CI_b now (TTL and eviction alike), and each served turn adds
 its evicted tokens (:func:`carbonrouter_lib.kernel.kv_prices`). Caches of sessions that have left
 are evicted first and lose nothing, so λ_p stays low where a full pool holds them. It adds no
-parameter, reads only the past, and both replay loops run it.
+parameter, reads only the past, and both replay loops run it. With ``kv_loss="within_ttl"``
+the numerator counts only the losses of sessions that came back within the TTL of their latest
+completion: a loss after it is the TTL's, which no choice of the router can spare.
 
 *Told the future* (references, not online policies; docs/evidence/told.py). ``forecast=
 "clairvoyant"`` prices the future turns with the intensities that will be in force at d + j·τ
@@ -171,6 +173,8 @@ __all__ = ["HorizonModel", "HorizonRouter", "fit_horizon_model", "forecast_error
 
 #: ``model=LEARNED``: the horizon model is fitted on the replayed workload by the runner.
 LEARNED = "learned"
+#: Which losses λ_p of the KV price counts (``HorizonRouter.kv_loss``).
+KV_LOSSES = ("all", "within_ttl")
 #: Where model stickiness sends a session whose model turns infeasible (``HorizonRouter.exit``).
 EXITS: tuple[str, ...] = ("fallback", "cheapest", "return")
 #: Where S_k(j) comes from (``HorizonRouter.session_length``): the training sessions, or the
@@ -454,6 +458,11 @@ class HorizonRouter(Policy):
         Price the cached tokens of other sessions a choice evicts in a full KV pool at λ_p, the
         carbon sessions lost there to missing history per token this router's choices evicted
         there (module docstring, "The KV price"). Default False: a variant.
+    kv_loss : str
+        With ``kv_price``: which losses λ_p counts. ``"all"`` (default): every loss a session
+        finds on its previous deployment. ``"within_ttl"``: only those where the session came
+        back within the TTL of its latest completion (``Backend.last_completion``), which no
+        expiry can have caused, so only an eviction.
     """
 
     name = "carbonrouter-horizon"
@@ -467,7 +476,8 @@ class HorizonRouter(Policy):
                  exit: str = "fallback", option: bool = True, slot_credit: bool = True,
                  ttft_slo_s: float | None = None, ttft_share: float = 0.05,
                  ttft_step: float = 0.05, session_length: str = "learned",
-                 future_models: str = "learned", kv_price: bool = False) -> None:
+                 future_models: str = "learned", kv_price: bool = False,
+                 kv_loss: str = "all") -> None:
         from carbonrouter_lib.forecast import FORECASTERS, REFERENCE_FORECASTERS
 
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
@@ -518,6 +528,11 @@ class HorizonRouter(Policy):
             raise ValueError("HorizonRouter.kv_price needs horizon ≥ 1 (with J = 0 the router is "
                              "CarbonRouter's proposal)")
         self.kv_price = kv_price
+        if kv_loss not in KV_LOSSES:
+            raise ValueError(f"HorizonRouter.kv_loss must be one of {KV_LOSSES}, got {kv_loss!r}")
+        if kv_loss != "all" and not kv_price:
+            raise ValueError("HorizonRouter.kv_loss needs kv_price=True")
+        self.kv_loss = kv_loss
         self.exit, self.option = exit, option
         if ttft_slo_s is not None and (isinstance(ttft_slo_s, bool) or not isinstance(
                 ttft_slo_s, int | float) or not 0 < ttft_slo_s < math.inf):
@@ -601,6 +616,8 @@ class HorizonRouter(Policy):
             p |= {"future_models": self.future_models}
         if self.kv_price:
             p |= {"kv_price": True}
+        if self.kv_loss != "all":
+            p |= {"kv_loss": self.kv_loss}
         return p | {"exit": self.exit, "option": self.option}
 
     # ---- per-run state ----------------------------------------------------------------------
@@ -698,6 +715,9 @@ class HorizonRouter(Policy):
             total += st.ttft_price
         if self.kv_price:
             b = ctx.prev if ctx.turn > 0 else -1
+            if self.kv_loss == "within_ttl" and b >= 0 and (ctx.backend.last_completion(
+                    ctx.session) + ctx.backend.config.ttl_s < ctx.time_s):
+                b = -1  # the cache had expired: no eviction took it
             kernel.kv_prices(st.kv_price, st.kv_evict, st.kv_loss, st.kv_evicted, b,
                              float(ctx.n_hist_m[st.model[b]]) if b >= 0 else 0.0, ctx.cached,
                              st.e_in, st.e_cache, ctx.ci, post, st.model,
@@ -829,6 +849,7 @@ class HorizonRouter(Policy):
             h_fallback=model.fallback, h_eligible=model.eligible,
             h_use_fallback=self.exit != "cheapest", h_option=self.option,
             h_return=self.exit == "return", h_kvp=self.kv_price,
+            h_kv_ttl=self.kv_loss == "within_ttl",
             h_ref=MODELS.index(REFERENCE_DEPLOYMENT[0]),
             h_tg_slo=0.0 if self.ttft_slo_s is None else self.ttft_slo_s,
             h_tg_share=self.ttft_share, h_tg_step=self.ttft_step,

@@ -28,6 +28,19 @@ both loops, it gives those runs' records to the bit (the ``horizon_kv_price_{gri
 of that commit are this script's). About 25 minutes a grid on two cores (every policy is
 replayed; the bound is the committed one). Run from the repository root:
 ``.venv/bin/python docs/evidence/kv_price.py full|fresh``.
+
+``ttl-full`` / ``ttl-fresh`` (``horizon_kv_price_ttl_{grid}.csv``): the per-setting table of the
+rule that counts only the losses within the TTL (``kv_loss="within_ttl"``; :data:`TTL_PARAMS`),
+designed after both grids and the ``losses`` table below, so no setting is held-out for it
+(about 8 minutes a grid).
+
+``losses`` (``horizon_kv_price_losses.csv``): what λ_p is made of, in four winter settings (the
+paper's regions; ShareGPT and the Mooncake trace, each under the paper's memory rule and with
+ample memory), replayed in the Python loop with a log of every loss the price observes. Each loss
+is split by its cause: the session came back after the TTL (its dispatch more than ``ttl_s``
+after its previous served turn completed, so the cache on that deployment had expired whatever
+the router did) or within it (what only an eviction can have taken). About 15 minutes on two
+cores: ``.venv/bin/python docs/evidence/kv_price.py losses``.
 """
 
 from __future__ import annotations
@@ -35,28 +48,34 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from carbonrouter_lib import bound, metrics, sweep
 from carbonrouter_lib import horizon_eval as he
 from carbonrouter_lib.outputs import save_table
+from carbonrouter_lib.policies import HorizonRouter
 
 HERE = Path(__file__).resolve().parent
 #: The variant's parameters over the router's defaults.
 KV_PARAMS = {"kv_price": True}
+#: The rule that counts only the losses within the TTL (``kv_loss="within_ttl"``).
+TTL_PARAMS = KV_PARAMS | {"kv_loss": "within_ttl"}
 #: The label of the router with its defaults in the variant's grid tables.
 DEFAULT = "carbonrouter-horizon (no KV price)"
 
 
-def one(job: tuple[dict[str, str], str]) -> dict:
-    """The KV price against the default router in setting ``job[0]`` of grid ``job[1]``: CO2,
+def one(job: tuple[dict[str, str], str], params: dict | None = None) -> dict:
+    """The KV price (``params``, default :data:`KV_PARAMS`) against the default router in
+    setting ``job[0]`` of grid ``job[1]``: CO2,
     the paired saving over the default with its 95% CI (sessions resampled), the shares of the
     committed bound's possible saving, P95 TTFT, KV hit rate, switches, evicted tokens, and the
     least CO2 of the other online policies in the committed grid table."""
     st, grid = job
     wcfg, scfg = he.setting(st)
     default = sweep.run_one(sweep.RunSpec.make(wcfg, scfg, he.TARGET))
-    res = sweep.replay(sweep.RunSpec.make(wcfg, scfg, he.TARGET, policy_params=KV_PARAMS))
+    res = sweep.replay(sweep.RunSpec.make(wcfg, scfg, he.TARGET,
+                                          policy_params=params or KV_PARAMS))
     key = tuple(st[c] for c in he.SETTING)
     b = pd.read_csv(HERE / f"horizon_{grid}_bound.csv")
     row = b[b["policy"] == he.TARGET].set_index(list(he.SETTING)).loc[key]
@@ -81,12 +100,131 @@ def one(job: tuple[dict[str, str], str]) -> dict:
     return out
 
 
+class LossLog(HorizonRouter):
+    """The KV price with a log of what it observes (Python loop only): per observed loss the
+    session, turn, KV pool and lost carbon (g, the term :func:`carbonrouter_lib.kernel.kv_prices`
+    adds to λ_p's numerator); per served turn its KV pool and the tokens its choice was priced
+    as evicting (the denominator's term)."""
+
+    def __init__(self) -> None:
+        super().__init__(**KV_PARAMS)
+        self.losses: list[tuple[int, int, int, float]] = []
+        self.evictions: list[tuple[int, float]] = []
+
+    def compiled(self, info) -> dict | None:
+        return None
+
+    def choose(self, ctx, cand) -> int:
+        a = super().choose(ctx, cand)
+        st, b = self._bound, ctx.prev
+        if ctx.turn > 0 and b >= 0:
+            lost = ctx.n_hist_m[st.model[b]] - ctx.cached[b]
+            if lost > 0:
+                self.losses.append((ctx.session, ctx.turn, int(st.kv_pool[b]), float(
+                    lost * (st.e_in[b] - st.e_cache[b]) * ctx.ci[b])))
+        return a
+
+    def on_served(self, ctx, a: int) -> None:
+        super().on_served(ctx, a)
+        st = self._bound
+        self.evictions.append((int(st.kv_pool[a]), float(st.kv_evict[a])))
+
+
+def split_losses(losses: pd.DataFrame, records: pd.DataFrame, ttl_s: float) -> pd.Series:
+    """The observed losses (``losses``: ``session``, ``turn``, ``lost_g``) split by cause against
+    a run's ``records``: ``expired_g`` where the session's dispatch came more than ``ttl_s`` (s)
+    after its previous *served* turn completed (the cache had expired by then, so no eviction
+    caused the loss), ``within_ttl_g`` the rest; with their sum ``lost_g`` and the count of
+    losses ``n``."""
+    served = records[~records["rejected"].to_numpy(bool)].sort_values(["session", "turn"])
+    prev_done = served.groupby("session")["completion_s"].shift(1)
+    at = pd.DataFrame({"session": served["session"].to_numpy(), "turn": served["turn"].to_numpy(),
+                       "dispatch_s": served["dispatch_s"].to_numpy(),
+                       "prev_done_s": prev_done.to_numpy()})
+    m = losses.merge(at, on=["session", "turn"], how="left", validate="one_to_one")
+    if m["prev_done_s"].isna().any():
+        raise ValueError(f"split_losses: {int(m['prev_done_s'].isna().sum())} losses have no "
+                         f"served earlier turn in the records")
+    expired = (m["dispatch_s"] - m["prev_done_s"]) > ttl_s
+    return pd.Series({"n": len(m), "lost_g": float(m["lost_g"].sum()),
+                      "expired_g": float(m.loc[expired, "lost_g"].sum()),
+                      "within_ttl_g": float(m.loc[~expired, "lost_g"].sum())})
+
+
+def losses_one(st: dict[str, str]) -> dict:
+    """:func:`losses`' replay of one setting: the KV price in the Python loop with
+    :class:`LossLog`, its losses split by :func:`split_losses`, λ over all of them and over
+    those within the TTL (g per token the router's choices evicted, all pools together)."""
+    wcfg, scfg = he.setting(st)
+    spec = sweep.RunSpec.make(wcfg, scfg, he.TARGET, policy_params=KV_PARAMS)
+    policy = LossLog()
+    res, _, _, capacity = sweep._replay(spec, policy=policy, engine="python")
+    compiled = sweep.run_one(spec)  # the compiled loop's run: the same records
+    if not np.array_equal(res.records["deployment"].to_numpy(),
+                          compiled["deployment"].to_numpy()):
+        raise RuntimeError(f"kv_price.py losses: the logged replay is not the variant's in {st}")
+    losses = pd.DataFrame(policy.losses, columns=["session", "turn", "pool", "lost_g"])
+    split = split_losses(losses, res.records, capacity.ttl_s)
+    evicted = float(sum(e for _, e in policy.evictions))
+
+    def lam(g: float) -> float:
+        return g / evicted if evicted > 0 else np.nan
+
+    return st | {"ttl_s": capacity.ttl_s, "losses": int(split["n"]),
+                 "lost_kg": split["lost_g"] / 1e3, "expired_kg": split["expired_g"] / 1e3,
+                 "within_ttl_kg": split["within_ttl_g"] / 1e3,
+                 "expired_share": split["expired_g"] / split["lost_g"] if split["lost_g"] > 0
+                 else np.nan,
+                 "priced_evicted_tokens": evicted,
+                 "evicted_tokens": int(res.counters["evicted_tokens"]),
+                 "expired_tokens": int(res.counters["expired_tokens"]),
+                 "lambda_g_per_token": lam(split["lost_g"]),
+                 "lambda_within_ttl_g_per_token": lam(split["within_ttl_g"])}
+
+
+#: The settings of :func:`losses` (winter, the paper's regions).
+LOSS_SETTINGS = [{"dataset": d, "region_set": "paper", "memory": m, "season": "winter"}
+                 for d in ("sharegpt", "mooncake") for m in ("paper", "paper x10")]
+
+
+def losses() -> pd.DataFrame:
+    """``horizon_kv_price_losses.csv``: per setting of :data:`LOSS_SETTINGS`, the losses λ_p
+    is made of, split by cause (:func:`losses_one`)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from tqdm.auto import tqdm
+
+    with ProcessPoolExecutor(2) as pool:
+        rows = list(tqdm(pool.map(losses_one, LOSS_SETTINGS), total=len(LOSS_SETTINGS),
+                         desc="replays"))
+    t = pd.DataFrame(rows)
+    save_table(t, "horizon_kv_price_losses", HERE, parquet=False)
+    print(t.round(4).to_string())
+    return t
+
+
 def main(grid: str) -> None:
     from returns import over_settings  # the per-setting loop
     from slot_credit import variant_runs, write_variant_grid  # variant grids
 
+    if grid == "losses":
+        losses()
+        return
+    if grid.startswith("ttl-"):  # the rule within the TTL against the default, per setting
+        import functools
+
+        from returns import over_settings
+
+        g = grid.removeprefix("ttl-")
+        t = pd.DataFrame(over_settings(functools.partial(one, params=TTL_PARAMS), g,
+                                       "kv_price.py", with_grid=True))
+        t["lowest_co2"] = t["co2_kg_kv_price"] < t["best_other_co2_kg"]
+        save_table(t, f"horizon_kv_price_ttl_{g}", HERE, parquet=False)
+        print(t.round(4).to_string())
+        return
     if grid not in ("full", "fresh"):
-        raise SystemExit(f"kv_price.py: grid must be 'full' or 'fresh', got {grid!r}")
+        raise SystemExit(f"kv_price.py: grid must be 'full', 'fresh', 'ttl-full', 'ttl-fresh' or "
+                         f"'losses', got {grid!r}")
     runs = variant_runs(he.grid_settings(grid)[0], KV_PARAMS, DEFAULT)
     results = sweep.run_sweep(list(runs["spec"]))
     write_variant_grid(he.table(results, runs), "kv_price", grid, other=DEFAULT,
