@@ -1842,3 +1842,63 @@ def test_the_kv_price_within_the_ttl_table_follows_from_its_runs(grid):
     assert (f"({fresh}{lo})" if fresh else f"{lo} less on ShareGPT") in readme
     lo = f"{mp[pct].min():.1f}–{mp[pct].max():.1f}%"
     assert (f"(fresh {lo})" if fresh else f"{lo} on the Mooncake trace (") in readme
+
+
+@pytest.mark.parametrize("grid", ["full", "fresh"])
+def test_the_kv_and_ttft_price_table_follows_from_its_runs(grid):
+    # docs/evidence/horizon_kv_price_slo_{grid}.csv (kv_price.py slo-full|slo-fresh): the KV price
+    # within the TTL with the TTFT price, its SLO CarbonRouter's committed P95; the default's
+    # runs are the committed grid's; with ample memory (no loss within the TTL) the pair is the
+    # TTFT price alone to the bit (docs/evidence/ttft_slo.py's committed runs); the docs state
+    # what the table says
+    key = list(he.SETTING)
+    t = pd.read_csv(EVIDENCE / f"horizon_kv_price_slo_{grid}.csv").set_index(key)
+    committed = pd.read_csv(EVIDENCE / f"horizon_{grid}_table.csv")
+    d = committed[committed["policy"] == he.TARGET].set_index(key).loc[t.index]
+    cr = committed[committed["policy"] == "carbonrouter"].set_index(key).loc[t.index]
+    assert len(t) == 32 and (t["co2_kg_default"] == d["total_co2_kg"]).all()
+    assert (t["slo_s"] == cr["p95_ttft_s"]).all()
+    others = committed[committed["policy"].isin([p for p in he.ONLINE if p != he.TARGET])]
+    best = others.loc[others.groupby(key)["total_co2_kg"].idxmin()].set_index(key).loc[t.index]
+    assert (t["best_other_co2_kg"] == best["total_co2_kg"]).all()
+    assert (t["lowest_co2"] == (t["co2_kg_kv_price"] < t["best_other_co2_kg"])).all()
+    np.testing.assert_allclose(t["share_kv_price"], (t["session_affinity_kg"] - t[
+        "co2_kg_kv_price"]) / (t["session_affinity_kg"] - t["bound_kg"]), rtol=1e-12)
+    ts = pd.read_csv(EVIDENCE / f"horizon_ttft_slo_{grid}_table.csv")
+    alone = ts[ts["policy"] == he.TARGET].set_index(key).loc[t.index]
+    ample = (t.index.get_level_values("memory") == "paper x10")
+    assert (t.loc[ample, "co2_kg_kv_price"] == alone.loc[ample, "total_co2_kg"]).all()
+    assert (t.loc[ample, "p95_ttft_s_kv_price"] == alone.loc[ample, "p95_ttft_s"]).all()
+    assert (t.loc[~ample, "co2_kg_kv_price"] < alone.loc[~ample, "total_co2_kg"]).all()
+    paper = t.xs("paper", level="memory")
+    sg, mp = paper.xs("sharegpt", level="dataset"), paper.xs("mooncake", level="dataset")
+    assert (sg["ci_low_pct"] > 0).all()
+    pct = "saving_over_default_pct"
+    a10 = t.loc[ample, pct]
+    said = (f"lowest CO2 of every online policy in {int(t['lowest_co2'].sum())} of 32 (point "
+            f"estimates); P95 TTFT at most CarbonRouter's in "
+            f"{int((t['p95_ttft_s_kv_price'] <= cr['p95_ttft_s']).sum())} of 32; its CO2 saving "
+            f"over the default router {sg[pct].min():.1f}–{sg[pct].max():.1f}% on ShareGPT under "
+            f"the paper's memory rule (every CI above 0), {_num(mp[pct].min())} to "
+            f"{_num(mp[pct].max())}% on the Mooncake trace under that rule and "
+            f"{_num(a10.min())} to {_num(a10.max())}% with ample memory, where it is the TTFT "
+            f"price alone to the bit; ≥ 70% of the bound's saving in "
+            f"{int((t['share_kv_price'] >= 0.7).sum())} of 32, median "
+            f"{100 * t['share_kv_price'].median():.1f}%; quality ≥ "
+            f"{np.floor(1000 * (t['quality_kv_price'] / t['quality_default']).min()) / 1000:.3f} "
+            f"of the default router's")
+    print(said)
+    assert said in _model_text()
+    readme = _readme_text()
+    n_low = int(t["lowest_co2"].sum())
+    n_ttft = int((t["p95_ttft_s_kv_price"] <= cr["p95_ttft_s"]).sum())
+    assert f"in {n_low} of 32 settings of each grid" in readme and n_low == n_ttft
+    lo = f"{sg[pct].min():.1f}–{sg[pct].max():.1f}%"
+    more = f"{-a10.min():.1f}%"
+    n70 = int((t["share_kv_price"] >= 0.7).sum())
+    if grid == "full":
+        assert (f"{lo} less CO2 than the default router" in readme and f"up to {more} more"
+                in readme and f"the 70% one in {n70} of 32" in readme)
+    else:
+        assert (f"(fresh weeks {lo})" in readme and f"(fresh {more})" in readme
+                and f"(fresh {n70})" in readme)

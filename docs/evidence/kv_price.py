@@ -34,6 +34,11 @@ rule that counts only the losses within the TTL (``kv_loss="within_ttl"``; :data
 designed after both grids and the ``losses`` table below, so no setting is held-out for it
 (about 8 minutes a grid).
 
+``slo-full`` / ``slo-fresh`` (``horizon_kv_price_slo_{grid}.csv``): the same per-setting table of
+the rule within the TTL with the TTFT price beside it (``ttft_slo_s`` = CarbonRouter's P95 TTFT
+in the setting, from the committed grid table, as ``docs/evidence/ttft_slo.py`` sets it): both
+parts as they are, nothing chosen for the pair, run once on both grids (about 8 minutes a grid).
+
 ``losses`` (``horizon_kv_price_losses.csv``): what λ_p is made of, in four winter settings (the
 paper's regions; ShareGPT and the Mooncake trace, each under the paper's memory rule and with
 ample memory), replayed in the Python loop with a log of every loss the price observes. Each loss
@@ -203,6 +208,17 @@ def losses() -> pd.DataFrame:
     return t
 
 
+def one_slo(job: tuple[dict[str, str], str]) -> dict:
+    """:func:`one` of the rule within the TTL (:data:`TTL_PARAMS`) with the TTFT price, its SLO
+    CarbonRouter's P95 TTFT in the setting (the committed grid table's), with that SLO as
+    ``slo_s``."""
+    st, grid = job
+    t = pd.read_csv(HERE / f"horizon_{grid}_table.csv").set_index(list(he.SETTING))
+    g = t.loc[tuple(st[c] for c in he.SETTING)]
+    slo = float(g.loc[g["policy"] == "carbonrouter", "p95_ttft_s"].iloc[0])
+    return one(job, params=TTL_PARAMS | {"ttft_slo_s": slo}) | {"slo_s": slo}
+
+
 def main(grid: str) -> None:
     from returns import over_settings  # the per-setting loop
     from slot_credit import variant_runs, write_variant_grid  # variant grids
@@ -210,21 +226,21 @@ def main(grid: str) -> None:
     if grid == "losses":
         losses()
         return
-    if grid.startswith("ttl-"):  # the rule within the TTL against the default, per setting
+    if grid.startswith(("ttl-", "slo-")):  # per setting, against the default router
         import functools
 
         from returns import over_settings
 
-        g = grid.removeprefix("ttl-")
-        t = pd.DataFrame(over_settings(functools.partial(one, params=TTL_PARAMS), g,
-                                       "kv_price.py", with_grid=True))
+        kind, g = grid.split("-", 1)
+        fn = functools.partial(one, params=TTL_PARAMS) if kind == "ttl" else one_slo
+        t = pd.DataFrame(over_settings(fn, g, "kv_price.py", with_grid=True))
         t["lowest_co2"] = t["co2_kg_kv_price"] < t["best_other_co2_kg"]
-        save_table(t, f"horizon_kv_price_ttl_{g}", HERE, parquet=False)
+        save_table(t, f"horizon_kv_price_{kind}_{g}", HERE, parquet=False)
         print(t.round(4).to_string())
         return
     if grid not in ("full", "fresh"):
-        raise SystemExit(f"kv_price.py: grid must be 'full', 'fresh', 'ttl-full', 'ttl-fresh' or "
-                         f"'losses', got {grid!r}")
+        raise SystemExit(f"kv_price.py: grid must be 'full', 'fresh', 'ttl-full', 'ttl-fresh', "
+                         f"'slo-full', 'slo-fresh' or 'losses', got {grid!r}")
     runs = variant_runs(he.grid_settings(grid)[0], KV_PARAMS, DEFAULT)
     results = sweep.run_sweep(list(runs["spec"]))
     write_variant_grid(he.table(results, runs), "kv_price", grid, other=DEFAULT,
