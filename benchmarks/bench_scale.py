@@ -32,6 +32,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 POLICIES = ("session-affinity", "carbon-affinity", "gar", "faircarbon", "carbonrouter-no-gate",
             "carbonrouter", "carbonrouter-horizon")
+#: Variants that ``--policies`` may name beside the registry's: label → (policy, parameters).
+VARIANTS = {
+    # the pair of docs/model.md §11.4a (a 0.5-s SLO, so that the TTFT price prices and ν moves)
+    "carbonrouter-horizon (KV price within the TTL, 0.5-s TTFT SLO)": (
+        "carbonrouter-horizon", {"kv_price": True, "kv_loss": "within_ttl", "ttft_slo_s": 0.5}),
+}
 
 
 def child(table_path: str, policy: str, repeats: int, cpu: int, engine: str) -> dict:
@@ -63,7 +69,8 @@ def child(table_path: str, policy: str, repeats: int, cpu: int, engine: str) -> 
         out.update(labelling_s=t1 - t0, fit_s=time.perf_counter() - t1,
                    opportunities=len(opps))
     first = table[table["session"] < table["session"].iloc[min(len(table) - 1, 2000)]]
-    policy_obj = make_policy(policy)
+    base, params = VARIANTS.get(policy, (policy, {}))
+    policy_obj = make_policy(base, **params)
     if gate is not None:
         policy_obj.set_gate(gate)
     policy_obj = build_policy(policy_obj, table, config, signal=signal)
@@ -73,7 +80,7 @@ def child(table_path: str, policy: str, repeats: int, cpu: int, engine: str) -> 
     out["engine"] = engine
     walls = []
     for _ in range(repeats):
-        policy_obj = make_policy(policy)
+        policy_obj = make_policy(base, **params)
         if gate is not None:
             policy_obj.set_gate(gate)
         policy_obj = build_policy(policy_obj, table, config, signal=signal)  # horizon model

@@ -72,7 +72,11 @@ VARIANTS = {f"{horizon_eval.TARGET} w/o slot price": (horizon_eval.TARGET,
             f"{horizon_eval.TARGET} with the return exit": (horizon_eval.TARGET,
                                                             {"exit": "return"}),
             f"{horizon_eval.TARGET} with the KV price": (horizon_eval.TARGET,
-                                                         {"kv_price": True})}
+                                                         {"kv_price": True}),
+            # the pair of docs/model.md §11.4a: the KV price within the TTL and the TTFT price
+            f"{horizon_eval.TARGET} with the KV price within the TTL and a 0.5-s TTFT SLO": (
+                horizon_eval.TARGET, {"kv_price": True, "kv_loss": "within_ttl",
+                                      "ttft_slo_s": 0.5})}
 _GATES: dict[tuple, gate.LearnedGate] = {}
 
 
