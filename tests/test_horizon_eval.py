@@ -1820,11 +1820,12 @@ def test_the_kv_price_within_the_ttl_table_follows_from_its_runs(grid):
     above = (t["p95_ttft_s_kv_price"] > cr["p95_ttft_s"]).xs(("mooncake", "paper"),
                                                               level=("dataset", "memory"))
     pct = "saving_over_default_pct"
-    said = (f"lowest CO2 of every online policy in {int(t['lowest_co2'].sum())} of 32; the router "
-            f"to the bit in all 16 settings with ample memory; {sg[pct].min():.1f}–"
-            f"{sg[pct].max():.1f}% less CO2 than the default on ShareGPT under the paper's memory "
-            f"rule (every CI above 0; {100 * sg['share_kv_price'].min():.1f}–"
-            f"{100 * sg['share_kv_price'].max():.1f}% of the bound's possible saving) and "
+    said = (f"lowest CO2 of every online policy in {int(t['lowest_co2'].sum())} of 32 (point "
+            f"estimates); the router to the bit in all 16 settings with ample memory; "
+            f"{sg[pct].min():.1f}–{sg[pct].max():.1f}% less CO2 than the default on ShareGPT "
+            f"under the paper's memory rule (every CI above 0; "
+            f"{100 * sg['share_kv_price'].min():.1f}–{100 * sg['share_kv_price'].max():.1f}% "
+            f"of the bound's possible saving) and "
             f"{mp[pct].min():.1f}–{mp[pct].max():.1f}% on the Mooncake trace under that rule; "
             f"P95 TTFT above CarbonRouter's on the Mooncake trace under the paper's rule in "
             f"{int(above.sum())} of 8 (at most CarbonRouter's in "
