@@ -441,6 +441,7 @@ class Backend:
         if now != self._now:  # advancing to the current time is a no-op
             self.advance(now)
         self._departed.add(s)
+        self._done.pop(s, None)  # read only at a next turn: bounded by the live sessions
         p = self._holder.pop(s, None)
         if p is not None:
             self._add_free(p, 1)
@@ -486,7 +487,8 @@ class Backend:
 
     def last_completion(self, session: int) -> float:
         """When ``session``'s latest turn completed, s since the Unix epoch (−inf if none has):
-        its caches idle since then expire once ``now > last_completion + ttl_s``."""
+        its caches idle since then expire once ``now > last_completion + ttl_s``. Forgotten when
+        the session departs (it has no next turn)."""
         return self._done.get(session, -math.inf)
 
     def has_departed(self, session: int) -> bool:

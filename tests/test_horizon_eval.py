@@ -1647,6 +1647,28 @@ def test_the_caching_ceiling_by_hand():
     assert math.isnan(he.caching_ceiling(kinds, 5.0, 5.0)["share"])  # no possible saving
 
 
+def _kv_setting_table(name: str, grid: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A committed per-setting table of docs/evidence/kv_price.py (``<name>_{grid}.csv``, indexed
+    by setting): 32 settings; the default router's CO2 and P95 TTFT are the committed grid's, the
+    best other online policy the committed table's, ``lowest_co2`` and both shares follow from
+    them and the committed bound. Returns it with CarbonRouter's committed rows, aligned."""
+    key = list(he.SETTING)
+    t = pd.read_csv(EVIDENCE / f"{name}_{grid}.csv").set_index(key)
+    assert len(t) == 32 and t.index.is_unique
+    committed = pd.read_csv(EVIDENCE / f"horizon_{grid}_table.csv")
+    d = committed[committed["policy"] == he.TARGET].set_index(key).loc[t.index]
+    assert (t["co2_kg_default"] == d["total_co2_kg"]).all()
+    assert (t["p95_ttft_s_default"] == d["p95_ttft_s"]).all()
+    others = committed[committed["policy"].isin([p for p in he.ONLINE if p != he.TARGET])]
+    best = others.loc[others.groupby(key)["total_co2_kg"].idxmin()].set_index(key).loc[t.index]
+    assert (t["best_other_co2_kg"] == best["total_co2_kg"]).all()
+    assert (t["lowest_co2"] == (t["co2_kg_kv_price"] < t["best_other_co2_kg"])).all()
+    for tag in ("kv_price", "default"):
+        np.testing.assert_allclose(t[f"share_{tag}"], (t["session_affinity_kg"] - t[
+            f"co2_kg_{tag}"]) / (t["session_affinity_kg"] - t["bound_kg"]), rtol=1e-12)
+    return t, committed[committed["policy"] == "carbonrouter"].set_index(key).loc[t.index]
+
+
 @pytest.mark.parametrize("grid", ["full", "fresh"])
 def test_the_committed_kv_price_tables_follow_from_their_runs(grid):
     # docs/evidence/horizon_kv_price_{grid}_*.csv and horizon_kv_price_{grid}.csv
@@ -1658,20 +1680,11 @@ def test_the_committed_kv_price_tables_follow_from_their_runs(grid):
     kp = _evidence_module("kv_price")
     t, v, _ = _variant_grid(f"horizon_kv_price_{grid}", grid, kp.DEFAULT)
     key = list(he.SETTING)
-    s = pd.read_csv(EVIDENCE / f"horizon_kv_price_{grid}.csv").set_index(key)
-    assert len(s) == 32 and s.index.is_unique
+    s, cr = _kv_setting_table("horizon_kv_price", grid)
     for tag, label in (("kv_price", he.TARGET), ("default", kp.DEFAULT)):
         runs = t[t["policy"] == label].set_index(key).loc[s.index]
         assert (s[f"co2_kg_{tag}"] == runs["total_co2_kg"]).all()
         assert (s[f"p95_ttft_s_{tag}"] == runs["p95_ttft_s"]).all()
-        np.testing.assert_allclose(s[f"share_{tag}"], (s["session_affinity_kg"] - s[
-            f"co2_kg_{tag}"]) / (s["session_affinity_kg"] - s["bound_kg"]), rtol=1e-12)
-    committed = pd.read_csv(EVIDENCE / f"horizon_{grid}_table.csv")
-    others = committed[committed["policy"].isin([p for p in he.ONLINE if p != he.TARGET])]
-    best = others.loc[others.groupby(key)["total_co2_kg"].idxmin()].set_index(key).loc[s.index]
-    assert (s["best_other_co2_kg"] == best["total_co2_kg"]).all()
-    assert (s["lowest_co2"] == (s["co2_kg_kv_price"] < s["best_other_co2_kg"])).all()
-    cr = committed[committed["policy"] == "carbonrouter"].set_index(key).loc[s.index]
 
     def part(d: str, m: str) -> pd.DataFrame:
         return s.xs((d, m), level=("dataset", "memory"))
@@ -1800,23 +1813,12 @@ def test_the_kv_price_within_the_ttl_table_follows_from_its_runs(grid):
     # router's runs are the committed grid's; where no loss came within the TTL (ShareGPT and
     # the Mooncake trace with ample memory) the rule is the router to the bit; it emits more than
     # the default nowhere; the docs state what the table says
-    key = list(he.SETTING)
-    t = pd.read_csv(EVIDENCE / f"horizon_kv_price_ttl_{grid}.csv").set_index(key)
-    committed = pd.read_csv(EVIDENCE / f"horizon_{grid}_table.csv")
-    d = committed[committed["policy"] == he.TARGET].set_index(key).loc[t.index]
-    assert len(t) == 32 and (t["co2_kg_default"] == d["total_co2_kg"]).all()
-    assert (t["p95_ttft_s_default"] == d["p95_ttft_s"]).all()
-    others = committed[committed["policy"].isin([p for p in he.ONLINE if p != he.TARGET])]
-    best = others.loc[others.groupby(key)["total_co2_kg"].idxmin()].set_index(key).loc[t.index]
-    assert (t["best_other_co2_kg"] == best["total_co2_kg"]).all()
-    np.testing.assert_allclose(t["share_kv_price"], (t["session_affinity_kg"] - t[
-        "co2_kg_kv_price"]) / (t["session_affinity_kg"] - t["bound_kg"]), rtol=1e-12)
+    t, cr = _kv_setting_table("horizon_kv_price_ttl", grid)
     ample = t.xs("paper x10", level="memory")
     assert (ample["co2_kg_kv_price"] == ample["co2_kg_default"]).all()
     paper = t.xs("paper", level="memory")
     sg, mp = paper.xs("sharegpt", level="dataset"), paper.xs("mooncake", level="dataset")
     assert (sg["ci_low_pct"] > 0).all() and (t["co2_kg_kv_price"] <= t["co2_kg_default"]).all()
-    cr = committed[committed["policy"] == "carbonrouter"].set_index(key).loc[t.index]
     above = (t["p95_ttft_s_kv_price"] > cr["p95_ttft_s"]).xs(("mooncake", "paper"),
                                                               level=("dataset", "memory"))
     pct = "saving_over_default_pct"
@@ -1853,18 +1855,8 @@ def test_the_kv_and_ttft_price_table_follows_from_its_runs(grid):
     # TTFT price alone to the bit (docs/evidence/ttft_slo.py's committed runs); the docs state
     # what the table says
     key = list(he.SETTING)
-    t = pd.read_csv(EVIDENCE / f"horizon_kv_price_slo_{grid}.csv").set_index(key)
-    committed = pd.read_csv(EVIDENCE / f"horizon_{grid}_table.csv")
-    d = committed[committed["policy"] == he.TARGET].set_index(key).loc[t.index]
-    cr = committed[committed["policy"] == "carbonrouter"].set_index(key).loc[t.index]
-    assert len(t) == 32 and (t["co2_kg_default"] == d["total_co2_kg"]).all()
+    t, cr = _kv_setting_table("horizon_kv_price_slo", grid)
     assert (t["slo_s"] == cr["p95_ttft_s"]).all()
-    others = committed[committed["policy"].isin([p for p in he.ONLINE if p != he.TARGET])]
-    best = others.loc[others.groupby(key)["total_co2_kg"].idxmin()].set_index(key).loc[t.index]
-    assert (t["best_other_co2_kg"] == best["total_co2_kg"]).all()
-    assert (t["lowest_co2"] == (t["co2_kg_kv_price"] < t["best_other_co2_kg"])).all()
-    np.testing.assert_allclose(t["share_kv_price"], (t["session_affinity_kg"] - t[
-        "co2_kg_kv_price"]) / (t["session_affinity_kg"] - t["bound_kg"]), rtol=1e-12)
     ts = pd.read_csv(EVIDENCE / f"horizon_ttft_slo_{grid}_table.csv")
     alone = ts[ts["policy"] == he.TARGET].set_index(key).loc[t.index]
     ample = (t.index.get_level_values("memory") == "paper x10")

@@ -120,13 +120,12 @@ class LossLog(HorizonRouter):
         return None
 
     def choose(self, ctx, cand) -> int:
+        before = None if self._bound is None else self._bound.kv_loss.copy()
         a = super().choose(ctx, cand)
-        st, b = self._bound, ctx.prev
-        if ctx.turn > 0 and b >= 0:
-            lost = ctx.n_hist_m[st.model[b]] - ctx.cached[b]
-            if lost > 0:
-                self.losses.append((ctx.session, ctx.turn, int(st.kv_pool[b]), float(
-                    lost * (st.e_in[b] - st.e_cache[b]) * ctx.ci[b])))
+        # what kernel.kv_prices added to the numerator at this query (one pool at most)
+        added = self._bound.kv_loss - (0.0 if before is None else before)
+        for p in np.flatnonzero(added):
+            self.losses.append((ctx.session, ctx.turn, int(p), float(added[p])))
         return a
 
     def on_served(self, ctx, a: int) -> None:
@@ -220,6 +219,8 @@ def one_slo(job: tuple[dict[str, str], str]) -> dict:
 
 
 def main(grid: str) -> None:
+    import functools
+
     from returns import over_settings  # the per-setting loop
     from slot_credit import variant_runs, write_variant_grid  # variant grids
 
@@ -227,10 +228,6 @@ def main(grid: str) -> None:
         losses()
         return
     if grid.startswith(("ttl-", "slo-")):  # per setting, against the default router
-        import functools
-
-        from returns import over_settings
-
         kind, g = grid.split("-", 1)
         fn = functools.partial(one, params=TTL_PARAMS) if kind == "ttl" else one_slo
         t = pd.DataFrame(over_settings(fn, g, "kv_price.py", with_grid=True))
