@@ -46,8 +46,8 @@ from numba.extending import intrinsic
 from numba.typed import List
 
 __all__ = ["CODES", "COUNTERS", "GATE_KINDS", "TIMES_DECISIONS", "TINY", "ReplayInfo", "cycles",
-           "horizon_future", "kv_prices", "observe_room", "running_mean", "slot_prices", "replay",
-           "rule"]
+           "horizon_future", "kv_evicted", "kv_prices", "observe_room", "running_mean",
+           "slot_prices", "replay", "rule"]
 
 #: Policy codes of the compiled decision rules.
 CODES = {"session-affinity": 0, "carbon-affinity": 1, "faircarbon": 2, "gar": 3,
@@ -669,28 +669,40 @@ def leave(left_dep, left_len, ret_dep, ret_len, a):
 
 
 @njit(**_LEAF)
-def kv_prices(price, evict, loss, evicted, prev, hist_prev, cached, e_in, e_cache, ci, post_m,
-              model, kv_cap, used, kv_pool):
+def kv_prices(price, evict, loss, evicted, lam, prev, hist_prev, cached, e_in, e_cache, ci,
+              post_m, model, kv_cap, used, kv_pool, mask):
     """The horizon router's KV price (``HorizonRouter(kv_price=True)``), gCO2e per deployment,
-    into ``price`` (n,), with the tokens each deployment's turn would evict into ``evict`` (n,).
-    First it observes what the session lost on its previous deployment ``prev`` (−1: nothing to
-    observe): the history it had there, ``hist_prev`` tokens, not found cached, priced at
-    (e_in − e_cache)·CI there now, added to ``loss`` (per KV pool, gCO2e). A candidate a in pool
-    p then evicts max(0, H_0(a) − L(a) − (capacity_p − used_p)) tokens of other caches
-    (``post_m`` H_0 per model, ``cached`` L(a), ``kv_cap``/``used`` per pool, tokens), each at
-    λ_p = ``loss[p]`` / ``evicted[p]`` (0 while the router has evicted nothing there);
-    ``evicted`` (per pool, tokens) is the caller's to add the chosen deployment's ``evict`` to
-    once it is served. One function for both replay loops."""
+    into ``price`` (n,) for the candidates (``mask``; the others keep what they had), with the
+    tokens each candidate's turn would evict into ``evict`` (n,). First it observes what the
+    session lost on its previous deployment ``prev`` (−1: nothing to observe): the history it
+    had there, ``hist_prev`` tokens, not found cached, priced at (e_in − e_cache)·CI there now,
+    added to ``loss`` (per KV pool, gCO2e). A candidate a in pool p then evicts max(0, H_0(a) −
+    L(a) − (capacity_p − used_p)) tokens of other caches (``post_m`` H_0 per model, ``cached``
+    L(a), ``kv_cap``/``used`` per pool, tokens), each at λ_p = ``loss[p]`` / ``evicted[p]`` (0
+    while the router has evicted nothing there), kept per pool in ``lam`` (gCO2e per token) and
+    recomputed only where ``loss`` or ``evicted`` changes: here, and in :func:`kv_evicted`, which
+    the caller runs with the chosen deployment's ``evict`` once it is served. One function for
+    both replay loops."""
     if prev >= 0:
         lost = hist_prev - cached[prev]
         if lost > 0:
-            loss[kv_pool[prev]] += lost * (e_in[prev] - e_cache[prev]) * ci[prev]
+            kp = kv_pool[prev]
+            loss[kp] += lost * (e_in[prev] - e_cache[prev]) * ci[prev]
+            lam[kp] = loss[kp] / evicted[kp] if evicted[kp] > 0 else 0.0
     for b in range(len(price)):
-        kp = kv_pool[b]
-        x = post_m[model[b]] - cached[b] - (kv_cap[kp] - used[kp])
-        evict[b] = x if x > 0.0 else 0.0
-        lam = loss[kp] / evicted[kp] if evicted[kp] > 0 else 0.0
-        price[b] = lam * evict[b]
+        if mask[b]:
+            kp = kv_pool[b]
+            x = post_m[model[b]] - cached[b] - (kv_cap[kp] - used[kp])
+            evict[b] = x if x > 0.0 else 0.0
+            price[b] = lam[kp] * evict[b]
+
+
+@njit(**_LEAF)
+def kv_evicted(evicted, lam, loss, kp, tokens):
+    """After a choice is served: the ``tokens`` its turn evicted (:func:`kv_prices`'s
+    ``evict``) added to ``evicted[kp]``, its KV pool's, and that pool's λ in ``lam`` renewed."""
+    evicted[kp] += tokens
+    lam[kp] = loss[kp] / evicted[kp] if evicted[kp] > 0 else 0.0
 
 
 @njit(**_LEAF)
@@ -798,6 +810,17 @@ def _ttfts(out, nd, at, new_f, hist_f, model, hit_a, hit_miss, n_hits, v_pre):
     for j in range(n_hits):
         b = hit_a[j]
         out[b] = (new_f[at + model[b]] + hit_miss[j]) / v_pre[b]
+
+
+@njit(**_LEAF)
+def _candidate_ttfts(out, nd, at, new_f, hist_f, model, cached, v_pre, mask):
+    """:func:`_ttfts` for the candidates (``mask``) only, from L(a) (``cached``): (N_new + N_hist
+    − L(a)) / v_pre, s — the same values (L(a) = 0 off a hit, and a hit's miss is N_hist −
+    L(a)), where the TTFT price reads them."""
+    for b in range(nd):
+        if mask[b]:
+            m = model[b]
+            out[b] = (new_f[at + m] + (hist_f[at + m] - cached[b])) / v_pre[b]
 
 
 @njit(**_LEAF, inline="always")
@@ -1204,6 +1227,7 @@ def _replay(
     # the router's choices evicted; per deployment the price and its turn's evicted tokens
     h_kv_loss = np.zeros(n_kv)
     h_kv_evicted = np.zeros(n_kv)
+    h_kv_lam = np.zeros(n_kv)
     h_kv_price = np.zeros(nd)
     h_kv_evict = np.zeros(nd)
     last_done = np.full(n_sessions, -inf)  # Backend.last_completion
@@ -1417,15 +1441,15 @@ def _replay(
                             h_slot_credit)
             priced = h_tg_slo > 0.0 and h_nu > 0.0  # ν = 0: the price is 0 everywhere
             if priced:
-                _ttfts(h_ttft, nd, at, new_f, hist_f, model, hit_a, hit_miss, n_hits, v_pre)
+                _candidate_ttfts(h_ttft, nd, at, new_f, hist_f, model, cached, v_pre, mask)
                 ttft_prices(h_tprice, h_tg_slo, h_nu, value, mask, h_ttft)
             if h_kvp:
                 b = prev if k > 0 else -1
                 if h_kv_ttl and b >= 0 and last_done[s] + ttl < t:
                     b = -1  # the cache had expired: no eviction took it
-                kv_prices(h_kv_price, h_kv_evict, h_kv_loss, h_kv_evicted, b,
+                kv_prices(h_kv_price, h_kv_evict, h_kv_loss, h_kv_evicted, h_kv_lam, b,
                           hist_f[at + model[b]] if b >= 0 else 0.0, cached, e_in, e_cache, ci,
-                          post_m, model, kv_cap, used, kvp_of)
+                          post_m, model, kv_cap, used, kvp_of, mask)
             # the candidates' totals, summed one by one: a loop over every deployment would
             # read Ĉ, the future and the price back in vectors right after they were written
             # one by one, and wait for the stores to land
@@ -1575,7 +1599,7 @@ def _replay(
             if k > 0 and prev >= 0:  # on_served: how often the router keeps a session
                 h_stayed = running_mean(h_stayed, 1.0 if a == prev else 0.0, h_smoothing)
             if h_kvp:  # the tokens the chosen turn evicted, for λ_p
-                h_kv_evicted[kvp_of[a]] += h_kv_evict[a]
+                kv_evicted(h_kv_evicted, h_kv_lam, h_kv_loss, kvp_of[a], h_kv_evict[a])
             if h_return:  # the caches the session leaves behind now
                 leave(left_dep[s], left_len[s], ret_dep, ret_len, a)
             if h_release and prev >= 0 and prev != a:  # drop the cache left behind

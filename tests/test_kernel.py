@@ -302,22 +302,35 @@ def test_kv_prices_by_hand():
     # of its 500 history tokens on deployment 1 (e_in − e_cache = 2e-6 kWh per token, 400 g/kWh)
     price, evict = np.full(3, 9.0), np.full(3, 9.0)
     loss, evicted = np.array([0.1, 0.0]), np.array([1000.0, 0.0])
+    lam = np.array([0.1 / 1000.0, 0.0])  # the caller's λ_p, consistent with loss and evicted
     cached = np.array([0.0, 200.0, 0.0])
     post, model, pools = np.array([900.0, 2500.0]), np.array([0, 1, 1]), np.array([0, 0, 1])
     cap, used = np.array([1000, 5000], np.int64), np.array([600, 5000], np.int64)
-    kernel.kv_prices(price, evict, loss, evicted, 1, 500.0, cached, np.array([3e-6, 3e-6, 4e-6]),
-                     np.array([1e-6, 1e-6, 1e-6]), np.array([100.0, 400.0, 50.0]), post, model,
-                     cap, used, pools)
+    every = np.ones(3, bool)
+    kernel.kv_prices(price, evict, loss, evicted, lam, 1, 500.0, cached,
+                     np.array([3e-6, 3e-6, 4e-6]), np.array([1e-6, 1e-6, 1e-6]),
+                     np.array([100.0, 400.0, 50.0]), post, model, cap, used, pools, every)
     lost = 0.1 + 300 * 2e-6 * 400
     assert loss == pytest.approx([lost, 0.0])
+    assert lam == pytest.approx([lost / 1000, 0.0])  # renewed with the loss
     # pool 0 has 400 tokens free: deployment 0 adds 900, deployment 1 2500 − 200; pool 1 is full
     assert evict == pytest.approx([500.0, 1900.0, 2500.0])
     # λ_0 = lost / 1000 tokens; nothing evicted yet in pool 1, so λ_1 = 0
     assert price == pytest.approx([lost / 1000 * 500.0, lost / 1000 * 1900.0, 0.0])
-    # nothing to observe (a first turn): the loss stays
-    kernel.kv_prices(price, evict, loss, evicted, -1, 0.0, cached, np.ones(3), np.zeros(3),
-                     np.ones(3), post, model, cap, used, pools)
+    # nothing to observe (a first turn): the loss stays; a non-candidate keeps what it had
+    price[:], evict[:] = 9.0, 9.0
+    kernel.kv_prices(price, evict, loss, evicted, lam, -1, 0.0, cached, np.ones(3), np.zeros(3),
+                     np.ones(3), post, model, cap, used, pools, np.array([True, False, True]))
     assert loss == pytest.approx([lost, 0.0])
+    assert price[1] == evict[1] == 9.0
+    assert price[0] == pytest.approx(lost / 1000 * 500.0) and price[2] == 0.0
+    # deployment 2 is served and evicts 2500 tokens of pool 1, which has lost nothing yet: λ_1
+    # stays 0; 500 more tokens evicted in pool 0 bring λ_0 to lost / 1500
+    kernel.kv_evicted(evicted, lam, loss, 1, 2500.0)
+    kernel.kv_evicted(evicted, lam, loss, 0, 500.0)
+    assert evicted == pytest.approx([1500.0, 2500.0])
+    assert lam == pytest.approx([lost / 1500, 0.0])
+    assert lam[0] == loss[0] / evicted[0]  # the same division as before: the same bits
 
 
 def test_the_kv_price_is_the_router_where_no_pool_fills_and_prices_where_they_do():

@@ -663,6 +663,7 @@ class HorizonRouter(Policy):
         # the KV price (kernel.kv_prices): per KV pool the carbon lost to missing history and
         # the tokens this router's choices evicted; per deployment the price and evicted tokens
         state.kv_loss, state.kv_evicted = np.zeros(len(state.keep)), np.zeros(len(state.keep))
+        state.kv_lam = np.zeros(len(state.keep))  # λ_p, renewed where loss or evicted change
         state.kv_price, state.kv_evict = np.zeros(d.n), np.zeros(d.n)
         if self.future_models == "told":
             state.stay_j = np.ones((len(d.models), self.horizon))
@@ -718,11 +719,11 @@ class HorizonRouter(Policy):
             if self.kv_loss == "within_ttl" and b >= 0 and (ctx.backend.last_completion(
                     ctx.session) + ctx.backend.config.ttl_s < ctx.time_s):
                 b = -1  # the cache had expired: no eviction took it
-            kernel.kv_prices(st.kv_price, st.kv_evict, st.kv_loss, st.kv_evicted, b,
+            kernel.kv_prices(st.kv_price, st.kv_evict, st.kv_loss, st.kv_evicted, st.kv_lam, b,
                              float(ctx.n_hist_m[st.model[b]]) if b >= 0 else 0.0, ctx.cached,
                              st.e_in, st.e_cache, ctx.ci, post, st.model,
                              ctx.backend.kv_capacities(), ctx.backend.pool_used_tokens(),
-                             st.kv_pool)
+                             st.kv_pool, cand.mask)
             total += st.kv_price
         extra = self.extra_prices(ctx, cand, st)
         if extra is not None:
@@ -870,7 +871,8 @@ class HorizonRouter(Policy):
             # still on the deployment chosen now, per turn (the "online" continuation)
             st.stayed = kernel.running_mean(st.stayed, float(a == ctx.prev), self.smoothing)
         if st is not None and self.kv_price:  # the tokens the chosen turn evicted, for λ_p
-            st.kv_evicted[st.kv_pool[a]] += st.kv_evict[a]
+            kernel.kv_evicted(st.kv_evicted, st.kv_lam, st.kv_loss, st.kv_pool[a],
+                              float(st.kv_evict[a]))
         if st is not None and self.exit == "return":  # the caches the session leaves behind now
             left = st.left.get(ctx.session)
             if left is None:
