@@ -39,6 +39,19 @@ the rule within the TTL with the TTFT price beside it (``ttft_slo_s`` = CarbonRo
 in the setting, from the committed grid table, as ``docs/evidence/ttft_slo.py`` sets it): both
 parts as they are, nothing chosen for the pair, run once on both grids (about 8 minutes a grid).
 
+``pair-full`` / ``pair-fresh`` (``horizon_kv_price_pair_{grid}_{table,verdicts,bound}.csv``):
+the pair's grid against every online policy, with paired CIs, as notebook 09's: a first phase
+replays every online policy and the default router (labelled :data:`PAIR_DEFAULT`), then the
+pair (:data:`TTL_PARAMS` with ``ttft_slo_s`` = CarbonRouter's P95 TTFT of the first phase in the
+setting, :func:`carbonrouter_lib.horizon_eval.with_ttft_slo`) is the target. Both parts were
+designed after both grids, so no setting is held-out (``held_out`` is False throughout). About
+25 minutes a grid on two cores.
+
+``pair-scale`` (``horizon_kv_price_pair_scale_{table,verdicts}.csv``): the same across notebook
+09's full scale sweep (:data:`carbonrouter_lib.horizon_eval.SCALE_GRIDS` ``"full"``; the SLO
+CarbonRouter's P95 at the same dataset, memory rule and scale), which no part of the pair was
+looked at on.
+
 ``losses`` (``horizon_kv_price_losses.csv``): what λ_p is made of, in four winter settings (the
 paper's regions; ShareGPT and the Mooncake trace, each under the paper's memory rule and with
 ample memory), replayed in the Python loop with a log of every loss the price observes. Each loss
@@ -68,6 +81,8 @@ KV_PARAMS = {"kv_price": True}
 TTL_PARAMS = KV_PARAMS | {"kv_loss": "within_ttl"}
 #: The label of the router with its defaults in the variant's grid tables.
 DEFAULT = "carbonrouter-horizon (no KV price)"
+#: The label of the router with its defaults in the pair's grid tables (``pair-full|fresh``).
+PAIR_DEFAULT = "carbonrouter-horizon (default)"
 
 
 def one(job: tuple[dict[str, str], str], params: dict | None = None) -> dict:
@@ -218,6 +233,47 @@ def one_slo(job: tuple[dict[str, str], str]) -> dict:
     return one(job, params=TTL_PARAMS | {"ttft_slo_s": slo}) | {"slo_s": slo}
 
 
+def pair_runs(grid: str) -> pd.DataFrame:
+    """The pair's grid runs (``pair-full|pair-fresh``): :func:`horizon_eval.with_ttft_slo` of the
+    first phase (every online policy and the default router, run here), the default router
+    relabelled :data:`PAIR_DEFAULT` and the target given :data:`TTL_PARAMS` beside its SLO."""
+    import dataclasses
+
+    first = he.grid(he.grid_settings(grid)[0], reference_in=[])
+    results = sweep.run_sweep(list(first["spec"]))
+    runs = he.with_ttft_slo(first, he.table(results, first, n_boot=10))
+    runs["policy"] = runs["policy"].replace({he.NO_TTFT_SLO: PAIR_DEFAULT})
+    target = runs["policy"] == he.TARGET
+    runs.loc[target, "spec"] = pd.Series(
+        [dataclasses.replace(s, policy_params=dict(s.policy_params) | TTL_PARAMS)
+         for s in runs.loc[target, "spec"]], index=runs.index[target], dtype=object)
+    runs.loc[target, "key"] = [s.key() for s in runs.loc[target, "spec"]]
+    return runs
+
+
+def pair_scale_runs() -> pd.DataFrame:
+    """:func:`pair_runs` over notebook 09's full scale sweep: its runs (every online policy and
+    the default router, relabelled :data:`PAIR_DEFAULT`) and the pair as the target, its SLO
+    CarbonRouter's P95 TTFT of the first phase at the same :data:`~carbonrouter_lib.
+    horizon_eval.SCALE_BY` setting."""
+    import dataclasses
+
+    first = he.scale_grid("full")
+    results = sweep.run_sweep(list(first["spec"]))
+    t = he.scale_table(results, first, n_boot=10)
+    by = list(he.SCALE_BY)
+    slo = {tuple(r[k] for k in by): float(r["p95_ttft_s"])
+           for r in t[t["policy"] == he.TTFT_SLO_FROM].to_dict("records")}
+    target = first[first["policy"] == he.TARGET]
+    pair = target.copy()
+    pair["spec"] = [dataclasses.replace(r["spec"], policy_params=dict(r["spec"].policy_params)
+                                        | TTL_PARAMS | {"ttft_slo_s": slo[tuple(r[k] for k in by)]})
+                    for r in target.to_dict("records")]
+    pair["key"] = [s.key() for s in pair["spec"]]
+    return pd.concat([first[first["policy"] != he.TARGET], target.assign(policy=PAIR_DEFAULT),
+                      pair], ignore_index=True)
+
+
 def main(grid: str) -> None:
     import functools
 
@@ -226,6 +282,22 @@ def main(grid: str) -> None:
 
     if grid == "losses":
         losses()
+        return
+    if grid == "pair-scale":  # across the scale sweep, which no part of the pair was looked at on
+        runs = pair_scale_runs()
+        t = he.scale_table(sweep.run_sweep(list(runs["spec"])), runs)
+        v = he.verdicts(t, by=he.SCALE_BY)
+        save_table(t, "horizon_kv_price_pair_scale_table", HERE, parquet=False)
+        save_table(v, "horizon_kv_price_pair_scale_verdicts", HERE, parquet=False)
+        print(v.round(3).to_string())
+        return
+    if grid.startswith("pair-"):  # the pair against every online policy, no setting held-out
+        g = grid.split("-", 1)[1]
+        runs = pair_runs(g)
+        every = he.grid_settings(g)[0]
+        results = sweep.run_sweep(list(runs["spec"]))
+        write_variant_grid(he.table(results, runs, designed_on=every), "kv_price_pair", g,
+                           other=PAIR_DEFAULT, designed_on=every)
         return
     if grid.startswith(("ttl-", "slo-")):  # per setting, against the default router
         kind, g = grid.split("-", 1)
@@ -237,7 +309,8 @@ def main(grid: str) -> None:
         return
     if grid not in ("full", "fresh"):
         raise SystemExit(f"kv_price.py: grid must be 'full', 'fresh', 'ttl-full', 'ttl-fresh', "
-                         f"'slo-full', 'slo-fresh' or 'losses', got {grid!r}")
+                         f"'slo-full', 'slo-fresh', 'pair-full', 'pair-fresh', 'pair-scale' or "
+                         f"'losses', got {grid!r}")
     runs = variant_runs(he.grid_settings(grid)[0], KV_PARAMS, DEFAULT)
     results = sweep.run_sweep(list(runs["spec"]))
     write_variant_grid(he.table(results, runs), "kv_price", grid, other=DEFAULT,
