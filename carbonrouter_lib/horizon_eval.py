@@ -270,23 +270,24 @@ def held_out(st: Mapping[str, str],
     return not any(all(st[k] == v for k, v in d.items()) for d in designed_on)
 
 
-def with_ttft_slo(runs: pd.DataFrame, t: pd.DataFrame,
-                  slo_from: str = TTFT_SLO_FROM) -> pd.DataFrame:
+def with_ttft_slo(runs: pd.DataFrame, t: pd.DataFrame, slo_from: str = TTFT_SLO_FROM,
+                  by: Sequence[str] = SETTING) -> pd.DataFrame:
     """The second phase of the TTFT price's evaluation: of :func:`grid`'s ``runs`` (run, with
     their :func:`table` ``t``), the online policies, the references and the router relabelled
     :data:`NO_TTFT_SLO`, and as :data:`TARGET` the router with ``ttft_slo_s`` = ``slo_from``'s
-    P95 TTFT (s) in the same setting — the SLO an operator would set from the incumbent's
-    measurements; the router learns nothing else from those runs."""
-    slo = {tuple(r[k] for k in SETTING): float(r["p95_ttft_s"])
+    P95 TTFT (s) in the same setting (the columns ``by``: :data:`SETTING`, or :data:`SCALE_BY`
+    for a :func:`scale_grid` and its :func:`scale_table`) — the SLO an operator would set from
+    the incumbent's measurements; the router learns nothing else from those runs."""
+    by = list(by)
+    slo = {tuple(r[k] for k in by): float(r["p95_ttft_s"])
            for r in t[t["policy"] == slo_from].to_dict("records")}
     target = runs[runs["policy"] == TARGET]
-    missing = [st for st in target[list(SETTING)].itertuples(index=False, name=None)
-               if st not in slo]
+    missing = [st for st in target[by].itertuples(index=False, name=None) if st not in slo]
     if missing:
         raise ValueError(f"horizon_eval.with_ttft_slo: no {slo_from!r} run in {missing}")
     variant = target.copy()
     variant["spec"] = [dataclasses.replace(r["spec"], policy_params=dict(r["spec"].policy_params)
-                                           | {"ttft_slo_s": slo[tuple(r[k] for k in SETTING)]})
+                                           | {"ttft_slo_s": slo[tuple(r[k] for k in by)]})
                        for r in target.to_dict("records")]
     variant["key"] = [spec.key() for spec in variant["spec"]]
     keep = runs["policy"].isin([*ONLINE, *REFERENCE])

@@ -233,45 +233,34 @@ def one_slo(job: tuple[dict[str, str], str]) -> dict:
     return one(job, params=TTL_PARAMS | {"ttft_slo_s": slo}) | {"slo_s": slo}
 
 
-def pair_runs(grid: str) -> pd.DataFrame:
-    """The pair's grid runs (``pair-full|pair-fresh``): :func:`horizon_eval.with_ttft_slo` of the
-    first phase (every online policy and the default router, run here), the default router
-    relabelled :data:`PAIR_DEFAULT` and the target given :data:`TTL_PARAMS` beside its SLO."""
+def _as_pair(runs: pd.DataFrame) -> pd.DataFrame:
+    """:func:`horizon_eval.with_ttft_slo`'s ``runs`` as the pair's: the default router
+    relabelled :data:`PAIR_DEFAULT`, the target given :data:`TTL_PARAMS` beside its SLO."""
     import dataclasses
 
-    first = he.grid(he.grid_settings(grid)[0], reference_in=[])
-    results = sweep.run_sweep(list(first["spec"]))
-    runs = he.with_ttft_slo(first, he.table(results, first, n_boot=10))
-    runs["policy"] = runs["policy"].replace({he.NO_TTFT_SLO: PAIR_DEFAULT})
-    target = runs["policy"] == he.TARGET
-    runs.loc[target, "spec"] = pd.Series(
-        [dataclasses.replace(s, policy_params=dict(s.policy_params) | TTL_PARAMS)
-         for s in runs.loc[target, "spec"]], index=runs.index[target], dtype=object)
-    runs.loc[target, "key"] = [s.key() for s in runs.loc[target, "spec"]]
+    runs = runs.replace({"policy": {he.NO_TTFT_SLO: PAIR_DEFAULT}})
+    target = (runs["policy"] == he.TARGET).to_numpy()
+    runs["spec"] = [dataclasses.replace(s, policy_params=dict(s.policy_params) | TTL_PARAMS)
+                    if pair else s for s, pair in zip(runs["spec"], target, strict=True)]
+    runs["key"] = [s.key() for s in runs["spec"]]
     return runs
 
 
-def pair_scale_runs() -> pd.DataFrame:
-    """:func:`pair_runs` over notebook 09's full scale sweep: its runs (every online policy and
-    the default router, relabelled :data:`PAIR_DEFAULT`) and the pair as the target, its SLO
-    CarbonRouter's P95 TTFT of the first phase at the same :data:`~carbonrouter_lib.
-    horizon_eval.SCALE_BY` setting."""
-    import dataclasses
+def pair_runs(grid: str) -> pd.DataFrame:
+    """The pair's grid runs (``pair-full|pair-fresh``): :func:`horizon_eval.with_ttft_slo` of the
+    first phase (every online policy and the default router, run here) as :func:`_as_pair`'s."""
+    first = he.grid(he.grid_settings(grid)[0], reference_in=[])
+    results = sweep.run_sweep(list(first["spec"]))
+    return _as_pair(he.with_ttft_slo(first, he.table(results, first, n_boot=10)))
 
+
+def pair_scale_runs() -> pd.DataFrame:
+    """:func:`pair_runs` over notebook 09's full scale sweep, the SLO CarbonRouter's P95 TTFT of
+    the first phase at the same :data:`~carbonrouter_lib.horizon_eval.SCALE_BY` setting."""
     first = he.scale_grid("full")
     results = sweep.run_sweep(list(first["spec"]))
     t = he.scale_table(results, first, n_boot=10)
-    by = list(he.SCALE_BY)
-    slo = {tuple(r[k] for k in by): float(r["p95_ttft_s"])
-           for r in t[t["policy"] == he.TTFT_SLO_FROM].to_dict("records")}
-    target = first[first["policy"] == he.TARGET]
-    pair = target.copy()
-    pair["spec"] = [dataclasses.replace(r["spec"], policy_params=dict(r["spec"].policy_params)
-                                        | TTL_PARAMS | {"ttft_slo_s": slo[tuple(r[k] for k in by)]})
-                    for r in target.to_dict("records")]
-    pair["key"] = [s.key() for s in pair["spec"]]
-    return pd.concat([first[first["policy"] != he.TARGET], target.assign(policy=PAIR_DEFAULT),
-                      pair], ignore_index=True)
+    return _as_pair(he.with_ttft_slo(first, t, by=he.SCALE_BY))
 
 
 def main(grid: str) -> None:
