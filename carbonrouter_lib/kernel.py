@@ -801,26 +801,19 @@ def ttft_prices(price, slo, nu, carbon, mask, ttft):
 
 
 @njit(**_LEAF)
-def _ttfts(out, nd, at, new_f, hist_f, model, hit_a, hit_miss, n_hits, v_pre):
-    """:attr:`Candidates.ttft` of row ``at`` // n_models: Eq. 6 per deployment, (N_new + miss)
-    / v_pre with miss = N_hist, or N_hist − L(a) on a hit, s."""
-    for b in range(nd):
-        m = model[b]
-        out[b] = (new_f[at + m] + hist_f[at + m]) / v_pre[b]
-    for j in range(n_hits):
-        b = hit_a[j]
-        out[b] = (new_f[at + model[b]] + hit_miss[j]) / v_pre[b]
-
-
-@njit(**_LEAF)
-def _candidate_ttfts(out, nd, at, new_f, hist_f, model, cached, v_pre, mask):
-    """:func:`_ttfts` for the candidates (``mask``) only, from L(a) (``cached``): (N_new + N_hist
-    − L(a)) / v_pre, s — the same values (L(a) = 0 off a hit, and a hit's miss is N_hist −
-    L(a)), where the TTFT price reads them."""
-    for b in range(nd):
-        if mask[b]:
+def _ttfts(out, nd, at, new_f, hist_f, model, cached, v_pre, mask=None):
+    """:attr:`Candidates.ttft` of row ``at`` // n_models: Eq. 6 per deployment, (N_new + N_hist
+    − L(a)) / v_pre, s, from L(a) (``cached``; 0 off a hit); for every deployment, or with
+    ``mask`` for those it holds (the TTFT price reads the candidates only)."""
+    if mask is None:
+        for b in range(nd):
             m = model[b]
             out[b] = (new_f[at + m] + (hist_f[at + m] - cached[b])) / v_pre[b]
+    else:
+        for b in range(nd):
+            if mask[b]:
+                m = model[b]
+                out[b] = (new_f[at + m] + (hist_f[at + m] - cached[b])) / v_pre[b]
 
 
 @njit(**_LEAF, inline="always")
@@ -905,7 +898,7 @@ def _valid(s, a, ver, rec_of, rec_ver, rec_pin):
 
 @njit(**_LEAF)
 def _feasibility(i, at, nd, n_hits, hit_a, hit_miss, hit_new, ok_all, fast_all, avail, v_pre,
-                 d_ttft, hist_f, new_f, model, mask, value):
+                 d_ttft, hist_f, new_f, model, cached, mask, value):
     """policies.feasibility for row i: writes the candidate ``mask`` (``value`` is scratch);
     returns 0, 1 when the candidates are best-effort, 2 when the query is rejected.
     ``ok_all`` and ``fast_all`` are per (GPU, model) pair of one region (QueryBatch.ok_block):
@@ -923,7 +916,7 @@ def _feasibility(i, at, nd, n_hits, hit_a, hit_miss, hit_new, ok_all, fast_all, 
             return 0
     lo = math.inf
     n_ok = 0
-    _ttfts(value, nd, at, new_f, hist_f, model, hit_a, hit_miss, n_hits, v_pre)
+    _ttfts(value, nd, at, new_f, hist_f, model, cached, v_pre)
     for b in range(nd):
         if ok_all[i, b % nb] and avail[b]:
             n_ok += 1
@@ -1084,8 +1077,8 @@ def _branch(a, i, s, t, pricing, cached, ci, n_m, new_f, hist_f, out_f, think, t
                 bw.hit_new[n_hits] = new_f[at2 + m2]
                 n_hits += 1
     status = _feasibility(i2, at2, nd, n_hits, bw.hit_a, bw.hit_miss, bw.hit_new, ok_all,
-                          fast_all, avail2, v_pre, d_ttft, hist_f, new_f, model, bw.mask,
-                          bw.value)
+                          fast_all, avail2, v_pre, d_ttft, hist_f, new_f, model, cached2,
+                          bw.mask, bw.value)
     if status == 2:  # rejected: no next-turn carbon in this branch
         return now_c, 0.0
     _energy_row(at2, block, model, e_in, e_cache, e_out, de, new_f, hist_f, est_f, bw.eb, bw.eu)
@@ -1368,7 +1361,7 @@ def _replay(
                     e_unc)
         # feasibility (Eq. 7)
         status = _feasibility(i, at, nd, n_hits, hit_a, hit_miss, hit_new, ok_all, fast_all,
-                              avail, v_pre, d_ttft, hist_f, new_f, model, mask, value)
+                              avail, v_pre, d_ttft, hist_f, new_f, model, cached, mask, value)
         best_effort = status == 1
         rejected = status == 2
         j = done
@@ -1441,7 +1434,7 @@ def _replay(
                             h_slot_credit)
             priced = h_tg_slo > 0.0 and h_nu > 0.0  # ν = 0: the price is 0 everywhere
             if priced:
-                _candidate_ttfts(h_ttft, nd, at, new_f, hist_f, model, cached, v_pre, mask)
+                _ttfts(h_ttft, nd, at, new_f, hist_f, model, cached, v_pre, mask)
                 ttft_prices(h_tprice, h_tg_slo, h_nu, value, mask, h_ttft)
             if h_kvp:
                 b = prev if k > 0 else -1

@@ -621,9 +621,11 @@ def test_the_ttft_price_by_hand():
     carbon = np.array([3.0, 2.0, 1.0, 5.0])
     mask = np.array([True, True, False, True])  # the least candidate Ĉ is 2.0 (not 1.0)
     ttft = np.empty(4)  # Candidates.ttft, as the compiled loop computes it (no hit but a's)
-    kernel._ttfts(ttft, 4, 0, new_m, hist_m, model, np.array([0]),
-                  np.array([hist_m[0] - cached[0]]), 1, v_pre)
+    kernel._ttfts(ttft, 4, 0, new_m, hist_m, model, cached, v_pre)
     np.testing.assert_allclose(ttft, [0.1, 0.5, 2.0, 0.5])
+    only = np.full(4, -1.0)  # the candidates only: the others untouched
+    kernel._ttfts(only, 4, 0, new_m, hist_m, model, cached, v_pre, mask)
+    np.testing.assert_array_equal(only, np.where(mask, ttft, -1.0))
     price = np.full(4, -7.0)
     kernel.ttft_prices(price, 0.4, 1.5, carbon, mask, ttft)
     np.testing.assert_array_equal(price, [0.0, 3.0, -7.0, 3.0])  # non-candidates untouched
