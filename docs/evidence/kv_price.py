@@ -52,6 +52,12 @@ designed after both grids, so no setting is held-out (``held_out`` is False thro
 CarbonRouter's P95 at the same dataset, memory rule and scale), which no part of the pair was
 looked at on.
 
+``pair-variants`` (``horizon_kv_price_pair_variants.csv``, :func:`carbonrouter_lib.horizon_eval.
+table`): notebook 09's ablations and forecast errors over the pair (:data:`PAIR_VARIANTS`: the
+default router's, and the pair without each of its prices) in the full grid's four settings with
+ablations, with every online policy, the oracle gate and the default router replayed beside it;
+no setting held-out. About 9 minutes on two cores.
+
 ``losses`` (``horizon_kv_price_losses.csv``): what λ_p is made of, in four winter settings (the
 paper's regions; ShareGPT and the Mooncake trace, each under the paper's memory rule and with
 ample memory), replayed in the Python loop with a log of every loss the price observes. Each loss
@@ -83,6 +89,18 @@ TTL_PARAMS = KV_PARAMS | {"kv_loss": "within_ttl"}
 DEFAULT = "carbonrouter-horizon (no KV price)"
 #: The label of the router with its defaults in the pair's grid tables (``pair-full|fresh``).
 PAIR_DEFAULT = "carbonrouter-horizon (default)"
+#: Both prices off (each needs J ≥ 1): the pair's J = 0 ablation is the one-turn proposal, as the
+#: default router's is.
+NO_PRICES = {"kv_price": False, "kv_loss": "all", "ttft_slo_s": None}
+#: The pair's ablations (``pair-variants``): label → parameters over the pair's (:data:`TTL_PARAMS`
+#: and its SLO). The default router's (:data:`carbonrouter_lib.horizon_eval.VARIANTS`, the same
+#: labels), and the pair without each of its two prices.
+PAIR_VARIANTS: dict[str, dict] = {
+    label: dict(params) | (NO_PRICES if params.get("horizon") == 0 else {})
+    for label, params in he.VARIANTS.items()} | {
+    "w/o KV price (the TTFT price alone)": {"kv_price": False, "kv_loss": "all"},
+    "w/o TTFT price (the KV price within the TTL alone)": {"ttft_slo_s": None},
+}
 
 
 def one(job: tuple[dict[str, str], str], params: dict | None = None) -> dict:
@@ -263,6 +281,27 @@ def pair_scale_runs() -> pd.DataFrame:
     return _as_pair(he.with_ttft_slo(first, t, by=he.SCALE_BY))
 
 
+def pair_variant_runs() -> pd.DataFrame:
+    """The pair's ablations and forecast errors (``pair-variants``) in notebook 09's four settings
+    of the full grid's ablations (:func:`carbonrouter_lib.horizon_eval.grid_settings` ``"full"``:
+    both datasets × both memory rules, the paper's regions, winter): a first phase replays every
+    online policy, the oracle gate and the default router (:data:`PAIR_DEFAULT`); then the pair
+    (SLO CarbonRouter's P95 TTFT of the first phase), each of :data:`PAIR_VARIANTS` and each
+    forecast error over it (:data:`carbonrouter_lib.horizon_eval.NOISE`)."""
+    settings = he.grid_settings("full")[1]
+    first = he.grid(settings)
+    results = sweep.run_sweep(list(first["spec"]))
+    slo = he.with_ttft_slo(first, he.table(results, first, n_boot=10))
+    slo = slo[slo["policy"] == he.TARGET]
+    parts = [first[first["policy"] != he.TARGET]]
+    parts.append(first[first["policy"] == he.TARGET].assign(policy=PAIR_DEFAULT))
+    for st, spec in zip(slo[list(he.SETTING)].to_dict("records"), slo["spec"], strict=True):
+        params = TTL_PARAMS | {"ttft_slo_s": spec.policy_params["ttft_slo_s"]}
+        runs = he.grid([st], [st], target_params=params, reference=(), variants=PAIR_VARIANTS)
+        parts.append(runs[~runs["policy"].isin(he.ONLINE)])
+    return pd.concat(parts, ignore_index=True)
+
+
 def main(grid: str) -> None:
     import functools
 
@@ -279,6 +318,14 @@ def main(grid: str) -> None:
         save_table(t, "horizon_kv_price_pair_scale_table", HERE, parquet=False)
         save_table(v, "horizon_kv_price_pair_scale_verdicts", HERE, parquet=False)
         print(v.round(3).to_string())
+        return
+    if grid == "pair-variants":  # the pair's ablations, no setting held-out
+        runs = pair_variant_runs()
+        every = he.grid_settings("full")[1]
+        t = he.table(sweep.run_sweep(list(runs["spec"])), runs, designed_on=every)
+        save_table(t, "horizon_kv_price_pair_variants", HERE, parquet=False)
+        print(t[[*he.SETTING, "policy", "co2_rel", "saving_pct", "ci_low_pct", "ci_high_pct",
+                 "p95_ttft_s"]].round(3).to_string())
         return
     if grid.startswith("pair-"):  # the pair against every online policy, no setting held-out
         g = grid.split("-", 1)[1]
@@ -298,8 +345,8 @@ def main(grid: str) -> None:
         return
     if grid not in ("full", "fresh"):
         raise SystemExit(f"kv_price.py: grid must be 'full', 'fresh', 'ttl-full', 'ttl-fresh', "
-                         f"'slo-full', 'slo-fresh', 'pair-full', 'pair-fresh', 'pair-scale' or "
-                         f"'losses', got {grid!r}")
+                         f"'slo-full', 'slo-fresh', 'pair-full', 'pair-fresh', 'pair-scale', "
+                         f"'pair-variants' or 'losses', got {grid!r}")
     runs = variant_runs(he.grid_settings(grid)[0], KV_PARAMS, DEFAULT)
     results = sweep.run_sweep(list(runs["spec"]))
     write_variant_grid(he.table(results, runs), "kv_price", grid, other=DEFAULT,
