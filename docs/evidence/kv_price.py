@@ -58,6 +58,10 @@ default router's, and the pair without each of its prices) in the full grid's fo
 ablations, with every online policy, the oracle gate and the default router replayed beside it;
 no setting held-out. About 9 minutes on two cores.
 
+``pair-reference`` (``horizon_kv_price_pair_full_reference.csv``): the pair's saving over
+CarbonRouter with the oracle gate (a reference, not an online policy) in every setting of the
+full grid, with the pair's row; the runs of ``pair-full`` with the oracle gate beside them.
+
 ``losses`` (``horizon_kv_price_losses.csv``): what λ_p is made of, in four winter settings (the
 paper's regions; ShareGPT and the Mooncake trace, each under the paper's memory rule and with
 ample memory), replayed in the Python loop with a log of every loss the price observes. Each loss
@@ -264,10 +268,11 @@ def _as_pair(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
-def pair_runs(grid: str) -> pd.DataFrame:
+def pair_runs(grid: str, reference: bool = False) -> pd.DataFrame:
     """The pair's grid runs (``pair-full|pair-fresh``): :func:`horizon_eval.with_ttft_slo` of the
-    first phase (every online policy and the default router, run here) as :func:`_as_pair`'s."""
-    first = he.grid(he.grid_settings(grid)[0], reference_in=[])
+    first phase (every online policy and the default router, run here; with ``reference`` also
+    the oracle gate) as :func:`_as_pair`'s."""
+    first = he.grid(he.grid_settings(grid)[0], reference_in=None if reference else [])
     results = sweep.run_sweep(list(first["spec"]))
     return _as_pair(he.with_ttft_slo(first, he.table(results, first, n_boot=10)))
 
@@ -327,6 +332,15 @@ def main(grid: str) -> None:
         print(t[[*he.SETTING, "policy", "co2_rel", "saving_pct", "ci_low_pct", "ci_high_pct",
                  "p95_ttft_s"]].round(3).to_string())
         return
+    if grid == "pair-reference":  # the pair against the oracle gate, every setting of the full grid
+        runs = pair_runs("full", reference=True)
+        t = he.table(sweep.run_sweep(list(runs["spec"])), runs,
+                     designed_on=he.grid_settings("full")[0])
+        t = t[t["policy"].isin([*he.REFERENCE, he.TARGET])].reset_index(drop=True)
+        save_table(t, "horizon_kv_price_pair_full_reference", HERE, parquet=False)
+        print(t[[*he.SETTING, "policy", "co2_rel", "saving_pct", "ci_low_pct", "ci_high_pct"]]
+              .round(3).to_string())
+        return
     if grid.startswith("pair-"):  # the pair against every online policy, no setting held-out
         g = grid.split("-", 1)[1]
         runs = pair_runs(g)
@@ -346,7 +360,7 @@ def main(grid: str) -> None:
     if grid not in ("full", "fresh"):
         raise SystemExit(f"kv_price.py: grid must be 'full', 'fresh', 'ttl-full', 'ttl-fresh', "
                          f"'slo-full', 'slo-fresh', 'pair-full', 'pair-fresh', 'pair-scale', "
-                         f"'pair-variants' or 'losses', got {grid!r}")
+                         f"'pair-variants', 'pair-reference' or 'losses', got {grid!r}")
     runs = variant_runs(he.grid_settings(grid)[0], KV_PARAMS, DEFAULT)
     results = sweep.run_sweep(list(runs["spec"]))
     write_variant_grid(he.table(results, runs), "kv_price", grid, other=DEFAULT,
