@@ -66,17 +66,16 @@ TARGET_POLICIES = ("faircarbon", "carbonrouter", "carbonrouter-no-gate")
 #: Variants timed beside the registry's policies in (a): label → (policy, parameters).
 VARIANTS = {f"{horizon_eval.TARGET} w/o slot price": (horizon_eval.TARGET,
                                                       horizon_eval.VARIANTS["w/o slot price"]),
-            # the TTFT price with an SLO some candidates miss, so that it is priced and ν moves
+            # the default router (the pair) with an SLO some candidates miss, so that the TTFT
+            # price prices and ν moves
             f"{horizon_eval.TARGET} with a 0.5-s TTFT SLO": (horizon_eval.TARGET,
                                                              {"ttft_slo_s": 0.5}),
             f"{horizon_eval.TARGET} with the return exit": (horizon_eval.TARGET,
                                                             {"exit": "return"}),
-            f"{horizon_eval.TARGET} with the KV price": (horizon_eval.TARGET,
-                                                         {"kv_price": True}),
-            # the pair of docs/model.md §11.4a: the KV price within the TTL and the TTFT price
-            f"{horizon_eval.TARGET} with the KV price within the TTL and a 0.5-s TTFT SLO": (
-                horizon_eval.TARGET, {"kv_price": True, "kv_loss": "within_ttl",
-                                      "ttft_slo_s": 0.5})}
+            f"{horizon_eval.TARGET} with the KV price counting every loss": (
+                horizon_eval.TARGET, {"kv_loss": "all"}),
+            f"{horizon_eval.TARGET} before the pair": (horizon_eval.TARGET,
+                                                       dict(horizon_eval.BEFORE_PAIR))}
 _GATES: dict[tuple, gate.LearnedGate] = {}
 
 

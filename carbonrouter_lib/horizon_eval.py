@@ -43,9 +43,11 @@ __all__ = ["TARGET", "ONLINE", "REFERENCE", "FORMER", "VARIANTS", "NOISE", "TUNE
            "variants_table", "bound_shares", "first_turn_split", "held_out", "with_ttft_slo",
            "TTFT_SLO_FROM", "NO_TTFT_SLO", "TTFT_SLO_DESIGNED_ON", "TOLD", "GAP_PARTS",
            "gap_to_bound", "TURN_KINDS", "turn_kinds", "by_turn_kind", "caching_ceiling",
-           "previous_served", "gap_by_turn_kind", "FollowPath"]
+           "previous_served", "gap_by_turn_kind", "FollowPath", "BEFORE_PAIR",
+           "VARIANTS_BEFORE_PAIR", "ttft_slos", "slo_runs", "DESIGNED_ON_PAIR"]
 
-#: The router evaluated (registry name; its defaults).
+#: The router evaluated (registry name; its defaults, and as its SLO CarbonRouter's P95 TTFT in
+#: the setting: :func:`ttft_slos`).
 TARGET = "carbonrouter-horizon"
 #: The online policies it must beat: Table 1's and CarbonRouter with its learned gate.
 ONLINE: tuple[str, ...] = ("session-affinity", "carbon-affinity", "gar", "faircarbon",
@@ -59,8 +61,11 @@ REFERENCE: tuple[str, ...] = ("carbonrouter-oracle-gate",)
 #: evidence scripts of that router (docs/evidence/slot_price.py, plain.py, first_turns.py,
 #: priced_bound.py, option_to_move.py) pin them, so their tables stay that router's.
 FORMER: dict[str, Any] = {"exit": "cheapest", "option": False}
-#: Ablations and the release variant: label → HorizonRouter parameters.
-VARIANTS: dict[str, dict[str, Any]] = {
+#: The router before the pair became its default (2026-12-06; docs/model.md §11.4a): no KV price
+#: (and no SLO). The evidence scripts of that router pin it, so their tables stay its.
+BEFORE_PAIR: dict[str, Any] = {"kv_price": False}
+#: That router's ablations and its release variant: label → HorizonRouter parameters.
+VARIANTS_BEFORE_PAIR: dict[str, dict[str, Any]] = {
     "w/o horizon pricing (J = 0)": {"horizon": 0},
     "w/o forecast (persistence)": {"forecast": "persistence"},
     "w/o cache survival": {"cache_survival": False},
@@ -71,6 +76,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "w/o option to move": {"option": False},
     "w/o fallback exit (cheapest other model)": {"exit": "cheapest"},
     "the former router (neither)": FORMER,
+}
+#: The router's ablations and its release variant: label → HorizonRouter parameters over its
+#: own (with its SLO). :data:`VARIANTS_BEFORE_PAIR`'s, J = 0 without the TTFT price (both prices
+#: need J ≥ 1: it is the one-turn proposal), and the router without each of its two prices.
+VARIANTS: dict[str, dict[str, Any]] = {
+    label: dict(params) | ({"ttft_slo_s": None} if params.get("horizon") == 0 else {})
+    for label, params in VARIANTS_BEFORE_PAIR.items()} | {
+    "w/o KV price (the TTFT price alone)": {"kv_price": False},
+    "w/o TTFT price (the KV price within the TTL alone)": {"ttft_slo_s": None},
 }
 #: References told the future (not online policies; docs/evidence/told.py): label → HorizonRouter
 #: parameters. How much of the bound's possible saving is the information the router lacks.
@@ -152,6 +166,13 @@ GRIDS: dict[str, tuple[list[dict[str, str]], list[dict[str, str]]]] = {
 }
 
 
+#: The settings looked at while the router as it now is (the pair, the default since 2026-12-06)
+#: was designed: its KV price's rule within the TTL and the pair were designed after the full grid
+#: and the fresh weeks had been seen, so no setting of either is held-out for it (its
+#: :func:`table`'s ``designed_on`` in notebook 09); the scale sweep is held-out for it.
+DESIGNED_ON_PAIR: tuple[dict[str, str], ...] = tuple(GRIDS["full"][0] + GRIDS["fresh"][0])
+
+
 #: The scale sweeps of notebook 09: per grid, (dataset, copies, KV-memory rules) blocks, every
 #: online policy and the router in each, in the paper's regions over the tuned setting's window
 #: (winter; :func:`carbonrouter_lib.scale.scale_specs`, copies as notebook 04b's ladder: ShareGPT
@@ -198,21 +219,29 @@ def grid(settings: Sequence[Mapping[str, str]], variants_in: Sequence[Mapping[st
          target_params: Mapping[str, Any] | None = None,
          reference: Sequence[str] = REFERENCE,
          reference_in: Sequence[Mapping[str, str]] | None = None,
-         variants: Mapping[str, Mapping[str, Any]] | None = None) -> pd.DataFrame:
+         variants: Mapping[str, Mapping[str, Any]] | None = None,
+         ttft_slo: Mapping[tuple[str, ...], float] | None = None) -> pd.DataFrame:
     """The runs: every setting (a mapping with the :data:`SETTING` keys) × (:data:`ONLINE`,
     ``reference`` (default :data:`REFERENCE`; ``()``: none; only in the settings of
     ``reference_in``, None: in all) and :data:`TARGET`); in the settings of ``variants_in``
     also every entry of ``variants`` (label → HorizonRouter parameters; None:
     :data:`VARIANTS`, e.g. :data:`TOLD`) and the forecast errors ``noise``. ``target_params``:
     HorizonRouter parameters of the router's runs, its variants' included (e.g.
-    ``{"slot_price": False}``; None: its defaults). One row per run: the setting, ``policy``
-    (a label), ``key`` and ``spec`` (a summary run)."""
+    ``{"slot_price": False}``; None: its defaults). ``ttft_slo``: per setting (its
+    :data:`SETTING` values) the router's SLO, s (:func:`ttft_slos`: CarbonRouter's P95 TTFT
+    there), given to the router and its variants (a variant may drop it); None: no SLO. One row
+    per run: the setting, ``policy`` (a label), ``key`` and ``spec`` (a summary run)."""
     rows = []
-    base = dict(target_params or {})
     for st in list(settings) + [v for v in variants_in if v not in settings]:
         missing = set(SETTING) - set(st)
         if missing:
             raise ValueError(f"horizon_eval.grid: setting {dict(st)} lacks {sorted(missing)}")
+        base = dict(target_params or {})
+        if ttft_slo is not None:
+            k = tuple(st[c] for c in SETTING)
+            if k not in ttft_slo:
+                raise ValueError(f"horizon_eval.grid: no SLO for setting {dict(st)}")
+            base["ttft_slo_s"] = float(ttft_slo[k])
         wcfg, scfg = setting(st, peak, seed, max_conversations)
         refs = reference if reference_in is None or st in reference_in else ()
         runs: dict[str, tuple[str, dict[str, Any]]] = {p: (p, {}) for p in (*ONLINE, *refs)}
@@ -229,17 +258,55 @@ def grid(settings: Sequence[Mapping[str, str]], variants_in: Sequence[Mapping[st
     return pd.DataFrame(rows)
 
 
-def scale_grid(name: str, seed: int = 0, max_conversations: int | None = None) -> pd.DataFrame:
+def scale_grid(name: str, seed: int = 0, max_conversations: int | None = None,
+               ttft_slo: Mapping[tuple, float] | None = None,
+               target_params: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """The runs of :data:`SCALE_GRIDS` entry ``name``: every block's copies × memory rules ×
     (:data:`ONLINE` and :data:`TARGET`), in the paper's regions; one row per run as
-    :func:`carbonrouter_lib.scale.scale_specs` (``SCALE_BY``, ``policy``, ``key``, ``spec``)."""
+    :func:`carbonrouter_lib.scale.scale_specs` (``SCALE_BY``, ``policy``, ``key``, ``spec``).
+    ``ttft_slo``: per setting (its :data:`SCALE_BY` values) the router's SLO, s
+    (:func:`ttft_slos` with ``by=SCALE_BY``); ``target_params``: HorizonRouter parameters of the
+    router's runs (None: its defaults)."""
     if name not in SCALE_GRIDS:
         raise KeyError(f"unknown scale grid {name!r}; one of {list(SCALE_GRIDS)}")
     parts = [scale.scale_specs(
         {ds: prepared.WorkloadConfig(dataset=ds, seed=seed, max_conversations=max_conversations)},
         ["paper"], copies, memories, (*ONLINE, TARGET))
         for ds, copies, memories in SCALE_GRIDS[name]]
-    return pd.concat(parts, ignore_index=True)
+    runs = pd.concat(parts, ignore_index=True)
+    if ttft_slo is None and not target_params:
+        return runs
+    target = runs["policy"] == TARGET
+    specs = []
+    for r in runs[target].to_dict("records"):
+        params = dict(r["spec"].policy_params) | dict(target_params or {})
+        if ttft_slo is not None:
+            k = tuple(r[c] for c in SCALE_BY)
+            if k not in ttft_slo:
+                raise ValueError(f"horizon_eval.scale_grid: no SLO for setting {k}")
+            params["ttft_slo_s"] = float(ttft_slo[k])
+        specs.append(dataclasses.replace(r["spec"], policy_params=params))
+    runs.loc[target, "spec"] = pd.Series(specs, index=runs.index[target], dtype=object)
+    runs.loc[target, "key"] = [spec.key() for spec in specs]
+    return runs
+
+
+def slo_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Of :func:`grid`'s or :func:`scale_grid`'s ``runs``, those whose P95 TTFT is the router's
+    SLO (:data:`TTFT_SLO_FROM`'s): the first phase of the router's evaluation."""
+    return runs[runs["policy"] == TTFT_SLO_FROM]
+
+
+def ttft_slos(results: Mapping[str, Any], runs: pd.DataFrame,
+              by: Sequence[str] = SETTING) -> dict[tuple, float]:
+    """The router's SLO per setting (the columns ``by``: :data:`SETTING`, or :data:`SCALE_BY`):
+    the P95 TTFT (s) of :data:`TTFT_SLO_FROM`'s run there, of :func:`slo_runs`' ``runs`` replayed
+    (``results``: key → summary result) — the SLO an operator would set from the incumbent's
+    measurements; the router learns nothing else from those runs (docs/model.md §11.4b)."""
+    out = {}
+    for r in slo_runs(runs).to_dict("records"):
+        out[tuple(r[c] for c in by)] = float(results[r["key"]].summary["p95_ttft_s"])
+    return out
 
 
 def scale_table(results: Mapping[str, Any], runs: pd.DataFrame, n_boot: int = 2000,
@@ -388,11 +455,13 @@ def bound_shares(results: Mapping[str, Any], runs: pd.DataFrame, peak: int | str
     return pd.DataFrame(rows)
 
 
-def variants_table(t: pd.DataFrame) -> pd.DataFrame:
+def variants_table(t: pd.DataFrame,
+                   variants: Mapping[str, Mapping[str, Any]] | None = None) -> pd.DataFrame:
     """The ablations and forecast errors: per setting where they ran, the router's saving over
     each variant with its CI (positive: the removed part saves carbon; for a forecast error:
-    what the error costs) and the variant's CO2 and P95 TTFT."""
-    labels = [*VARIANTS, *[noise_label(s) for s in NOISE]]
+    what the error costs) and the variant's CO2 and P95 TTFT. ``variants``: the labels' source
+    (None: :data:`VARIANTS`)."""
+    labels = [*(VARIANTS if variants is None else variants), *[noise_label(s) for s in NOISE]]
     sub = t[t["policy"].isin(labels) | (t["policy"] == TARGET)]
     keep = sub.groupby(list(SETTING))["policy"].transform(lambda p: p.isin(labels).any())
     cols = [*SETTING, "held_out", "policy", "co2_rel", "saving_pct", "ci_low_pct", "ci_high_pct",

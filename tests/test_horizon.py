@@ -843,3 +843,25 @@ def test_the_left_caches_survival_is_what_sessions_find_of_the_caches_they_left(
     kernel.leave(left_dep, left_len, np.full(3, -1), np.zeros(3), 0)  # no cache: nothing left
     kernel.observe_left(keep_left, left_dep, left_len, cached, kv_pool, 0.1)
     np.testing.assert_allclose(keep_left, 0.9 * before)
+
+
+def test_the_default_router_is_the_pair():
+    # since 2026-12-06 the default router has the KV price counting the losses within the TTL
+    # (docs/model.md §11.4a, the decision); with J = 0 neither price can run, so it is off, and
+    # kv_price=False is the router before the pair, its loss rule unused ("all")
+    from carbonrouter_lib.policies import HorizonRouter
+
+    r = HorizonRouter()
+    assert (r.kv_price, r.kv_loss, r.ttft_slo_s) == (True, "within_ttl", None)
+    assert r.params() == HorizonRouter(kv_price=True, kv_loss="within_ttl").params()
+    assert r.params()["kv_price"] is True and r.params()["kv_loss"] == "within_ttl"
+    assert HorizonRouter(kv_price=True).kv_loss == "within_ttl"
+    j0 = HorizonRouter(horizon=0)
+    assert (j0.kv_price, j0.kv_loss) == (False, "all")
+    before = HorizonRouter(kv_price=False)
+    assert (before.kv_loss, before.params()["kv_price"]) == ("all", False)
+    assert "kv_loss" not in before.params()
+    with pytest.raises(ValueError, match="kv_loss needs kv_price"):
+        HorizonRouter(kv_price=False, kv_loss="within_ttl")
+    with pytest.raises(ValueError, match="kv_price needs horizon"):
+        HorizonRouter(horizon=0, kv_price=True)

@@ -15,6 +15,74 @@ from carbonrouter_lib import horizon_eval as he
 from carbonrouter_lib import replays
 
 
+def test_the_router_is_evaluated_with_carbonrouters_p95_as_its_slo():
+    # notebook 09's two phases: CarbonRouter's runs first (he.slo_runs), its P95 TTFT per setting
+    # the router's SLO (he.ttft_slos), given to the router and its variants; J = 0 drops it (the
+    # prices need J ≥ 1), and so does the ablation without the TTFT price
+    tuned = dict(he.TUNED)
+    other = dict(tuned, season="summer")
+    first = he.slo_runs(he.grid([tuned, other], max_conversations=30))
+    assert list(first["policy"]) == [he.TTFT_SLO_FROM] * 2
+
+    class Summary:
+        def __init__(self, p95: float) -> None:
+            self.summary = {"p95_ttft_s": p95}
+
+    results = {k: Summary(0.5 + i) for i, k in enumerate(first["key"])}
+    slo = he.ttft_slos(results, first)
+    assert slo == {tuple(tuned.values()): 0.5, tuple(other.values()): 1.5}
+    runs = he.grid([tuned, other], [tuned], max_conversations=30, ttft_slo=slo).set_index(
+        ["season", "policy"])
+    params = {k: s.policy_params for k, s in runs["spec"].items()}
+    assert params[("winter", he.TARGET)] == {"ttft_slo_s": 0.5}
+    assert params[("summer", he.TARGET)] == {"ttft_slo_s": 1.5}
+    assert params[("winter", "w/o cache survival")] == {"ttft_slo_s": 0.5,
+                                                        "cache_survival": False}
+    assert params[("winter", "w/o horizon pricing (J = 0)")]["ttft_slo_s"] is None
+    assert params[("winter", "w/o TTFT price (the KV price within the TTL alone)")] == {
+        "ttft_slo_s": None}
+    assert params[("winter", "w/o KV price (the TTFT price alone)")] == {"ttft_slo_s": 0.5,
+                                                                         "kv_price": False}
+    assert all(not p for (_, pol), p in params.items() if pol in he.ONLINE)
+    with pytest.raises(ValueError, match="no SLO"):
+        he.grid([tuned, dict(tuned, season="autumn")], ttft_slo=slo, max_conversations=30)
+    # the scale sweep: the SLO at the same dataset, memory rule and scale
+    sruns = he.scale_grid("smoke", max_conversations=30)
+    sfirst = he.slo_runs(sruns)
+    sslo = he.ttft_slos({k: Summary(0.7) for k in sfirst["key"]}, sfirst, by=he.SCALE_BY)
+    assert len(sslo) == len(sfirst) == 1
+    sg = he.scale_grid("smoke", max_conversations=30, ttft_slo=sslo)
+    target = sg[sg["policy"] == he.TARGET]["spec"].iloc[0]
+    assert target.policy_params["ttft_slo_s"] == 0.7
+    others = sg[sg["policy"] != he.TARGET]
+    assert list(others["key"]) == list(sruns[sruns["policy"] != he.TARGET]["key"])
+    assert sg["key"].is_unique
+    # the router before the pair, pinned by its evidence scripts
+    pinned = he.scale_grid("smoke", max_conversations=30, target_params=he.BEFORE_PAIR)
+    assert pinned[pinned["policy"] == he.TARGET]["spec"].iloc[0].policy_params == {
+        "kv_price": False}
+
+
+def test_the_router_before_the_pair_is_pinned_by_its_evidence_scripts():
+    # every evidence script that replays the router as it was before the pair became the default
+    # (the committed tables of the README's and docs/model.md's earlier analyses) pins
+    # he.BEFORE_PAIR, so that rerunning it gives its table again; return_exit.py replays through
+    # slot_credit.variant_runs
+    scripts = {}
+    for path in sorted(EVIDENCE.glob("*.py")):
+        src = path.read_text()
+        runs_router = ("he.TARGET" in src or "HorizonRouter" in src) and any(
+            call in src for call in ("he.grid(", "RunSpec.make(", "make_policy(",
+                                     "he.scale_grid(", "HorizonRouter)", "variant_runs("))
+        if runs_router:
+            scripts[path.stem] = "he.BEFORE_PAIR" in src
+    assert scripts.pop("return_exit") is False and "variant_runs(" in (
+        EVIDENCE / "return_exit.py").read_text()
+    assert len(scripts) >= 14 and all(scripts.values()), scripts
+    assert "target_params=he.BEFORE_PAIR" in inspect.getsource(
+        _evidence_module("slot_credit").variant_runs)
+
+
 def test_grid_runs_every_online_policy_and_the_variants_only_where_asked():
     tuned = dict(he.TUNED)
     other = dict(tuned, season="summer")
@@ -2199,10 +2267,66 @@ def test_the_decision_on_the_default_states_the_three_evaluations():
     assert n == dn == 80
     said = (f"Over the {n} settings of the full grid, the fresh weeks and the scale sweep the "
             f"pair has the lowest CO2 of every online policy in {h} with paired CIs, ties in {ti}, "
-            f"loses in {f} and meets the TTFT target in {ok}; the current default router has it "
+            f"loses in {f} and meets the TTFT target in {ok}; the router before it has it "
             f"in {dh}, ties in {dti}, loses in {df} and meets the TTFT target in {dok}.")
     print(said)
     assert said in _model_text()
     assert (f"over the {n} settings of the two grids and the scale sweep it has the lowest CO2 in "
-            f"{h}, ties in {ti}, loses in none and meets the TTFT target in {ok}, the current "
-            f"default {dh}, {dti}, none and {dok}") in _readme_text() and f == df == 0
+            f"{h}, ties in {ti}, loses in none and meets the TTFT target in {ok}, the router "
+            f"before it {dh}, {dti}, none and {dok}") in _readme_text() and f == df == 0
+
+
+def test_the_readme_states_the_default_routers_grid():
+    # the README's table of the default router (the pair) at seven settings of the full grid, and
+    # its account of the targets, from the pair's committed tables (horizon_kv_price_pair_*)
+    key = list(he.SETTING)
+    t = pd.read_csv(EVIDENCE / "horizon_kv_price_pair_full_table.csv")
+    v = pd.read_csv(EVIDENCE / "horizon_kv_price_pair_full_verdicts.csv").set_index(key)
+    ref = pd.read_csv(EVIDENCE / "horizon_kv_price_pair_full_reference.csv")
+    short = {"carbon-affinity": "CA", "carbonrouter-no-gate": "CR w/o gate", "carbonrouter": "CR"}
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith(("| sharegpt / ",
+                                                                     "| mooncake / "))]
+    assert len(rows) == 7
+    for line in rows:
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        ds, rs, mem, season = cells[0].split(" / ")
+        k = (ds, rs, "paper x10" if mem == "10× K·C̄" else mem, season)
+        g = t[(t[key] == list(k)).all(axis=1)].set_index("policy")
+        r = v.loc[k]
+        assert cells[1] == " / ".join(f"{g.loc[p, 'co2_rel']:.3f}" for p in (
+            "carbon-affinity", "carbonrouter-no-gate", "carbonrouter", he.TARGET))
+        assert cells[2] == (f"{short[r.best_other]}: {r.saving_vs_best_pct:+.1f} "
+                            f"[{r.ci_low_pct:+.1f}, {r.ci_high_pct:+.1f}]").replace("-", "−")
+        assert cells[3] == r.lowest_co2
+        assert cells[4] == f"{r.p95_ttft_s:.2f} / {r.p95_ttft_carbonrouter_s:.2f}"
+        o = ref[(ref[key] == list(k)).all(axis=1) & (ref["policy"] == he.REFERENCE[0])]
+        assert cells[5] == f"{o['co2_rel'].iloc[0]:.3f}"
+    # the targets over the three evaluations
+    text = _readme_text()
+    s, fresh = _pair_spans("full"), _pair_spans("fresh")
+    assert (f"Over the full grid it has the lowest CO2 of every online policy in {s['holds']} of "
+            f"32 settings with paired CIs and ties in {s['ties']}") in text
+    assert f"({s['lead']} below the best other online policy)" in text
+    assert f"in the fresh weeks {fresh['holds']} of 32 ({fresh['lead']})" in text
+    sv = pd.read_csv(EVIDENCE / "horizon_kv_price_pair_scale_verdicts.csv")
+    c = sv["lowest_co2"].value_counts()
+    assert (f"{c.get('holds', 0)} of 16 with {c.get('tie', 0)} ties (ShareGPT with ample memory at "
+            f"every scale, the Mooncake trace at one copy) and no loss") in text
+    ok = [s["ttft"], fresh["ttft"],
+          str(int((sv["p95_ttft_s"] <= sv["p95_ttft_carbonrouter_s"]).sum()))]
+    assert f"at most CarbonRouter's in {ok[0]} of 32, {ok[1]} of 32 and {ok[2]} of 16" in text
+    q = min(v["quality_rel"].min(), pd.read_csv(
+        EVIDENCE / "horizon_kv_price_pair_fresh_verdicts.csv")["quality_rel"].min())
+    assert f"quality ≥ {math.floor(q * 1000) / 1000:.3f} of Session-Affinity's" in text
+    b = pd.read_csv(EVIDENCE / "horizon_kv_price_pair_full_bound.csv")
+    w = b[b["policy"] == he.TARGET]
+    tuned = w[(w[key] == [he.TUNED[k] for k in key]).all(axis=1)]["share_of_possible_saving"]
+    x = w["share_of_possible_saving"]
+    assert (f"It captures {100 * x.min():.0f}–{100 * x.max():.0f}% of the "
+            f"clairvoyant bound's possible saving over the full grid (median {s['median']}; "
+            f"{100 * tuned.iloc[0]:.1f}% at the tuned setting), ≥ 70% in {s['n70']} of 32") in text
+    o = ref[ref["policy"] == he.REFERENCE[0]]
+    assert (f"it emits less in {int((o['ci_low_pct'] > 0).sum())} of the 32 settings, every CI "
+            f"above 0, and ties in {int(((o['ci_low_pct'] <= 0) & (o['ci_high_pct'] >= 0)).sum())}"
+            ) in text

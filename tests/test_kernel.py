@@ -89,8 +89,9 @@ def policies(gate: LearnedGate, table: pd.DataFrame, config: SimulationConfig):
     yield "horizon option, cheapest exit, no survival", HorizonRouter(
         exit="cheapest", cache_survival=False, smoothing=0.3)
     yield "horizon return exit", HorizonRouter(exit="return", smoothing=0.3)
-    yield "horizon KV price", HorizonRouter(kv_price=True)
-    yield "horizon KV price within the TTL", HorizonRouter(kv_price=True, kv_loss="within_ttl")
+    # the default has the KV price within the TTL (the pair); every loss, and the router before it
+    yield "horizon KV price (every loss)", HorizonRouter(kv_price=True, kv_loss="all")
+    yield "horizon before the pair (no KV price)", HorizonRouter(kv_price=False)
     yield "horizon KV price, return exit, TTFT SLO", HorizonRouter(
         kv_price=True, exit="return", ttft_slo_s=0.4, ttft_share=0.1, ttft_step=0.3)
     yield "horizon return exit, no option, no survival", HorizonRouter(
@@ -343,7 +344,8 @@ def test_the_kv_price_is_the_router_where_no_pool_fills_and_prices_where_they_do
     records = {}
     for memory, kv in (("ample", 1e12), ("tight", 1e5)):
         backend = BackendConfig(slots_per_pool=4, kv_tokens_per_pool=kv, ttl_s=600.0)
-        for name, router in (("router", HorizonRouter()), ("kv", HorizonRouter(kv_price=True))):
+        for name, router in (("router", HorizonRouter(kv_price=False)),
+                             ("kv", HorizonRouter(kv_price=True, kv_loss="all"))):
             policy = build_policy(router, table, config, signal=signal, backend=backend)
             records[memory, name] = simulate(table, policy, config, signal, backend).records
     pd.testing.assert_frame_equal(records["ample", "kv"], records["ample", "router"],
@@ -351,7 +353,7 @@ def test_the_kv_price_is_the_router_where_no_pool_fills_and_prices_where_they_do
     moved = records["tight", "kv"]["deployment"] != records["tight", "router"]["deployment"]
     assert moved.sum() > 10
     assert HorizonRouter(kv_price=True).params()["kv_price"] is True
-    assert "kv_price" not in HorizonRouter().params()  # the default's runs keep their keys
+    assert HorizonRouter(kv_price=False).params()["kv_price"] is False  # recorded on or off
     with pytest.raises(ValueError, match="kv_price needs horizon"):
         HorizonRouter(horizon=0, kv_price=True)
 
@@ -374,9 +376,10 @@ def test_the_kv_price_within_the_ttl_counts_only_what_no_expiry_took():
                                   check_exact=True)
     moved = records[300.0, "within_ttl"]["deployment"] != records[300.0, "all"]["deployment"]
     assert moved.sum() > 10
-    assert HorizonRouter(kv_price=True, kv_loss="within_ttl").params()["kv_loss"] == "within_ttl"
-    assert "kv_loss" not in HorizonRouter(kv_price=True).params()
+    assert HorizonRouter(kv_price=True, kv_loss="all").params()["kv_loss"] == "all"
+    assert HorizonRouter(kv_price=True).params()["kv_loss"] == "within_ttl"  # the default
+    assert "kv_loss" not in HorizonRouter(kv_price=False).params()
     with pytest.raises(ValueError, match="kv_loss needs kv_price"):
-        HorizonRouter(kv_loss="within_ttl")
+        HorizonRouter(kv_price=False, kv_loss="within_ttl")
     with pytest.raises(ValueError, match="kv_loss must be one of"):
         HorizonRouter(kv_price=True, kv_loss="evictions")

@@ -113,21 +113,22 @@ future term (the chance a later turn stays where this one goes), so the price sh
 router switches often — where the cache survives a switch (ample KV memory) — and is the plain
 slot price where it never switches (ρ = 1).
 
-The *TTFT price* (``ttft_slo_s``, off by default; docs/model.md §11.4b) keeps the P95 of the
-served queries' TTFT (Eq. 6) at most an SLO the router is given: the chance constraint
-P(TTFT > SLO) ≤ ``ttft_share`` (0.05) enters the choice through a Lagrange multiplier ν ≥ 0. A
-candidate whose TTFT (N_new + N_hist − L(a)) / v_pre exceeds the SLO costs ν·min_a′ Ĉ_k(a′)
-more (ν counts turns of this query's least carbon), and after each served query ν ← max(0, ν +
-``ttft_step``·(1{TTFT > SLO} − share)) (dual ascent). Where more than the share of queries
-exceed the SLO, ν rises until they no longer do. Where fewer do, ν is 0 except just after an
-exceedance, which raises it by step·(1 − share) for the next (1 − share)/share queries (19): an
-SLO no query misses leaves every decision the router's without the price, one that is missed
-rarely changes a few. A query whose every candidate exceeds the SLO (a long prompt) is priced
-alike on all of them: the price cannot move it, and where such queries exceed the share ν keeps
-rising and the router meets the SLO wherever a candidate can. It reads only TTFTs already
+The *TTFT price* (``ttft_slo_s``: on when the router is given an SLO, off without one;
+docs/model.md §11.4b) keeps the P95 of the served queries' TTFT (Eq. 6) at most that SLO: the
+chance constraint P(TTFT > SLO) ≤ ``ttft_share`` (0.05) enters the choice through a Lagrange
+multiplier ν ≥ 0. A candidate whose TTFT (N_new + N_hist − L(a)) / v_pre exceeds the SLO costs
+ν·min_a′ Ĉ_k(a′) more (ν counts turns of this query's least carbon), and after each served query
+ν ← max(0, ν + ``ttft_step``·(1{TTFT > SLO} − share)) (dual ascent). Where more than the share
+of queries exceed the SLO, ν rises until they no longer do. Where fewer do, ν is 0 except just
+after an exceedance, which raises it by step·(1 − share) for the next (1 − share)/share queries
+(19): an SLO no query misses leaves every decision the router's without the price, one that is
+missed rarely changes a few. A query whose every candidate exceeds the SLO (a long prompt) is
+priced alike on all of them: the price cannot move it, and where such queries exceed the share ν
+keeps rising and the router meets the SLO wherever a candidate can. It reads only TTFTs already
 served; both replay loops run it.
 
-The *KV price* (``kv_price=True``, a variant; docs/model.md §11.4a). Under the paper's memory
+The *KV price* (``kv_price``, on by default where J ≥ 1 since 2026-12-06, counting the losses
+within the TTL; docs/model.md §11.4a). Under the paper's memory
 rule a turn that builds a cache in a full KV pool evicts other sessions' caches, and they
 recompute that history at their next turn: a cost the session's own horizon does not see. For
 each candidate a in KV pool p the router counts the tokens its turn would evict, max(0, H_0(a) −
@@ -138,8 +139,10 @@ is (N_hist − L(b))·(e_in − e_cache)·CI_b now (TTL and eviction alike), and
 its evicted tokens (:func:`carbonrouter_lib.kernel.kv_prices`). Caches of sessions that have left
 are evicted first and lose nothing, so λ_p stays low where a full pool holds them. It adds no
 parameter, reads only the past, and both replay loops run it. With ``kv_loss="within_ttl"``
-the numerator counts only the losses of sessions that came back within the TTL of their latest
-completion: a loss after it is the TTL's, which no choice of the router can spare.
+(the default) the numerator counts only the losses of sessions that came back within the TTL of
+their latest completion: a loss after it is the TTL's, which no choice of the router can spare.
+The default router is the pair, the KV price within the TTL beside the TTFT price where it is
+given an SLO; ``kv_price=False`` is the router before it (docs/model.md §11.4a, the decision).
 
 *Told the future* (references, not online policies; docs/evidence/told.py). ``forecast=
 "clairvoyant"`` prices the future turns with the intensities that will be in force at d + j·τ
@@ -454,15 +457,15 @@ class HorizonRouter(Policy):
         each future turn that the session has, q_m is whether model m will be quality-feasible
         there and the exit the smallest model that will be (a reference that reads the future;
         its model must be fitted with ``tell_models=True``; needs ``model_stickiness``).
-    kv_price : bool
+    kv_price : bool or None
         Price the cached tokens of other sessions a choice evicts in a full KV pool at λ_p, the
         carbon sessions lost there to missing history per token this router's choices evicted
-        there (module docstring, "The KV price"). Default False: a variant.
-    kv_loss : str
-        With ``kv_price``: which losses λ_p counts. ``"all"`` (default): every loss a session
-        finds on its previous deployment. ``"within_ttl"``: only those where the session came
-        back within the TTL of its latest completion (``Backend.last_completion``), which no
-        expiry can have caused, so only an eviction.
+        there (module docstring, "The KV price"). Default None: on where ``horizon`` ≥ 1.
+    kv_loss : str or None
+        With ``kv_price``: which losses λ_p counts. ``"within_ttl"`` (the default with the KV
+        price): only those where the session came back within the TTL of its latest completion
+        (``Backend.last_completion``), which no expiry can have caused, so only an eviction.
+        ``"all"``: every loss a session finds on its previous deployment.
     """
 
     name = "carbonrouter-horizon"
@@ -476,8 +479,8 @@ class HorizonRouter(Policy):
                  exit: str = "fallback", option: bool = True, slot_credit: bool = True,
                  ttft_slo_s: float | None = None, ttft_share: float = 0.05,
                  ttft_step: float = 0.05, session_length: str = "learned",
-                 future_models: str = "learned", kv_price: bool = False,
-                 kv_loss: str = "all") -> None:
+                 future_models: str = "learned", kv_price: bool | None = None,
+                 kv_loss: str | None = None) -> None:
         from carbonrouter_lib.forecast import FORECASTERS, REFERENCE_FORECASTERS
 
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
@@ -500,6 +503,8 @@ class HorizonRouter(Policy):
         self.future_models = future_models
         if slot_price is None:
             slot_price = horizon > 0
+        if kv_price is None:
+            kv_price = horizon > 0
         if exit not in EXITS:
             raise ValueError(f"HorizonRouter.exit must be one of {EXITS}, got {exit!r}")
         if exit == "return" and future_models == "told":
@@ -528,6 +533,8 @@ class HorizonRouter(Policy):
             raise ValueError("HorizonRouter.kv_price needs horizon ≥ 1 (with J = 0 the router is "
                              "CarbonRouter's proposal)")
         self.kv_price = kv_price
+        if kv_loss is None:
+            kv_loss = "within_ttl" if kv_price else "all"
         if kv_loss not in KV_LOSSES:
             raise ValueError(f"HorizonRouter.kv_loss must be one of {KV_LOSSES}, got {kv_loss!r}")
         if kv_loss != "all" and not kv_price:
@@ -614,10 +621,9 @@ class HorizonRouter(Policy):
             p |= {"session_length": self.session_length}
         if self.future_models != "learned":
             p |= {"future_models": self.future_models}
+        p["kv_price"] = self.kv_price
         if self.kv_price:
-            p |= {"kv_price": True}
-        if self.kv_loss != "all":
-            p |= {"kv_loss": self.kv_loss}
+            p["kv_loss"] = self.kv_loss
         return p | {"exit": self.exit, "option": self.option}
 
     # ---- per-run state ----------------------------------------------------------------------

@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 #: policy → parameters; the horizon router as this table was made: without the slot price (then
 #: not yet its default), the fallback exit and the option to move (he.FORMER)
 POLICIES = {"session-affinity": {}, "carbon-affinity": {}, "carbonrouter-no-gate": {},
-            "carbonrouter": {}, he.TARGET: {"slot_price": False, **he.FORMER}}
+            "carbonrouter": {}, he.TARGET: {"slot_price": False, **he.FORMER, **he.BEFORE_PAIR}}
 
 
 def main(grid: str) -> None:

@@ -52,8 +52,8 @@ def one(st: dict[str, str]) -> list[dict]:
     table = prepared.prepare_workload(wcfg)
     signal = scfg.signal()
     backend = backend_config(table, scfg)
-    runs = {p: sweep.run_one(sweep.RunSpec.make(wcfg, scfg, p))
-            for p in ("session-affinity", he.TARGET)}
+    runs = {p: sweep.run_one(sweep.RunSpec.make(wcfg, scfg, p, params))
+            for p, params in (("session-affinity", {}), (he.TARGET, he.BEFORE_PAIR))}
     plain = bound.ensure_bound(wcfg, scfg)
     priced = bound.capacity_priced_bound(table, scfg, signal,
                                          upper_g=float(runs[he.TARGET]["carbon_g"].sum()))

@@ -49,7 +49,7 @@ def one(st: dict[str, str], told: bool = False) -> pd.DataFrame:
     three) in setting ``st``, Session-Affinity the reference, with its CO2 and the bound (kg)
     beside it."""
     wcfg, scfg = he.setting(st)
-    params = he.TOLD[TOLD_ALL] if told else {}
+    params = he.BEFORE_PAIR | (he.TOLD[TOLD_ALL] if told else {})
     rec = {"session-affinity": sweep.run_one(sweep.RunSpec.make(wcfg, scfg, "session-affinity")),
            he.TARGET: sweep.run_one(sweep.RunSpec.make(wcfg, scfg, he.TARGET, params))}
     paths = bound.ensure_bound(wcfg, scfg)

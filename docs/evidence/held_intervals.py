@@ -45,7 +45,7 @@ def one(st: dict[str, str]) -> list[dict]:
     charged = {label: np.asarray(bound._holding(x, width)[0].sum(axis=1)).ravel()
                for label, width in (("charged", 3600.0), ("charged_30min", 1800.0),
                                     ("charged_5min", 300.0))}
-    rec = sweep.run_one(sweep.RunSpec.make(wcfg, scfg, he.TARGET))
+    rec = sweep.run_one(sweep.RunSpec.make(wcfg, scfg, he.TARGET, he.BEFORE_PAIR))
     rec = rec.set_index(["session", "turn"]).loc[
         list(zip(table["session"], table["turn"], strict=True))]
     d = rec["dispatch_s"].to_numpy()

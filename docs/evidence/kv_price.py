@@ -1,6 +1,9 @@
 """The horizon router's *KV price* (``HorizonRouter(kv_price=True)``; docs/model.md §11.4a, "The
 KV price"; §11.4a's return exit and §11.4c's caching ceiling point to it) against every online
-policy and against the default router, on notebook 09's full grid and fresh weeks:
+policy and against the default router, on notebook 09's full grid and fresh weeks. "The default
+router" of these tables is the router before the pair (the KV price within the TTL with the TTFT
+price) became the default on 2026-12-06: :data:`carbonrouter_lib.horizon_eval.BEFORE_PAIR`, which
+this script pins, as it pins the KV price's first rule (:data:`KV_PARAMS`, every loss):
 
 - ``horizon_kv_price_{grid}_table.csv`` (:func:`carbonrouter_lib.horizon_eval.table`: every
   policy's CO2 and P95 TTFT, and the variant's saving over it, paired 95% CIs over
@@ -85,8 +88,10 @@ from carbonrouter_lib.outputs import save_table
 from carbonrouter_lib.policies import HorizonRouter
 
 HERE = Path(__file__).resolve().parent
-#: The variant's parameters over the router's defaults.
-KV_PARAMS = {"kv_price": True}
+#: The variant's parameters: the KV price counting every loss (the router before the pair had
+#: no KV price, :data:`carbonrouter_lib.horizon_eval.BEFORE_PAIR`; since the pair is the default
+#: the KV price's default counts the losses within the TTL).
+KV_PARAMS = {"kv_price": True, "kv_loss": "all"}
 #: The rule that counts only the losses within the TTL (``kv_loss="within_ttl"``).
 TTL_PARAMS = KV_PARAMS | {"kv_loss": "within_ttl"}
 #: The label of the router with its defaults in the variant's grid tables.
@@ -101,7 +106,7 @@ NO_PRICES = {"kv_price": False, "kv_loss": "all", "ttft_slo_s": None}
 #: labels), and the pair without each of its two prices.
 PAIR_VARIANTS: dict[str, dict] = {
     label: dict(params) | (NO_PRICES if params.get("horizon") == 0 else {})
-    for label, params in he.VARIANTS.items()} | {
+    for label, params in he.VARIANTS_BEFORE_PAIR.items()} | {
     "w/o KV price (the TTFT price alone)": {"kv_price": False, "kv_loss": "all"},
     "w/o TTFT price (the KV price within the TTL alone)": {"ttft_slo_s": None},
 }
@@ -115,7 +120,7 @@ def one(job: tuple[dict[str, str], str], params: dict | None = None) -> dict:
     least CO2 of the other online policies in the committed grid table."""
     st, grid = job
     wcfg, scfg = he.setting(st)
-    default = sweep.run_one(sweep.RunSpec.make(wcfg, scfg, he.TARGET))
+    default = sweep.run_one(sweep.RunSpec.make(wcfg, scfg, he.TARGET, he.BEFORE_PAIR))
     res = sweep.replay(sweep.RunSpec.make(wcfg, scfg, he.TARGET,
                                           policy_params=params or KV_PARAMS))
     key = tuple(st[c] for c in he.SETTING)
@@ -272,7 +277,8 @@ def pair_runs(grid: str, reference: bool = False) -> pd.DataFrame:
     """The pair's grid runs (``pair-full|pair-fresh``): :func:`horizon_eval.with_ttft_slo` of the
     first phase (every online policy and the default router, run here; with ``reference`` also
     the oracle gate) as :func:`_as_pair`'s."""
-    first = he.grid(he.grid_settings(grid)[0], reference_in=None if reference else [])
+    first = he.grid(he.grid_settings(grid)[0], reference_in=None if reference else [],
+                    target_params=he.BEFORE_PAIR)
     results = sweep.run_sweep(list(first["spec"]))
     return _as_pair(he.with_ttft_slo(first, he.table(results, first, n_boot=10)))
 
@@ -280,7 +286,7 @@ def pair_runs(grid: str, reference: bool = False) -> pd.DataFrame:
 def pair_scale_runs() -> pd.DataFrame:
     """:func:`pair_runs` over notebook 09's full scale sweep, the SLO CarbonRouter's P95 TTFT of
     the first phase at the same :data:`~carbonrouter_lib.horizon_eval.SCALE_BY` setting."""
-    first = he.scale_grid("full")
+    first = he.scale_grid("full", target_params=he.BEFORE_PAIR)
     results = sweep.run_sweep(list(first["spec"]))
     t = he.scale_table(results, first, n_boot=10)
     return _as_pair(he.with_ttft_slo(first, t, by=he.SCALE_BY))
@@ -294,7 +300,7 @@ def pair_variant_runs() -> pd.DataFrame:
     (SLO CarbonRouter's P95 TTFT of the first phase), each of :data:`PAIR_VARIANTS` and each
     forecast error over it (:data:`carbonrouter_lib.horizon_eval.NOISE`)."""
     settings = he.grid_settings("full")[1]
-    first = he.grid(settings)
+    first = he.grid(settings, target_params=he.BEFORE_PAIR)
     results = sweep.run_sweep(list(first["spec"]))
     slo = he.with_ttft_slo(first, he.table(results, first, n_boot=10))
     slo = slo[slo["policy"] == he.TARGET]

@@ -35,8 +35,8 @@ EVERY = 50  # sample the pools at every 50th query
 FULL = 0.98  # "full": at least this share of the pool's KV memory in use
 #: policy label → (registry name, parameters) of the switch split
 POLICIES = {"carbonrouter-no-gate": ("carbonrouter-no-gate", {}),
-            "carbonrouter-horizon (former)": (he.TARGET, dict(he.FORMER)),
-            "carbonrouter-horizon": (he.TARGET, {})}
+            "carbonrouter-horizon (former)": (he.TARGET, he.FORMER | he.BEFORE_PAIR),
+            "carbonrouter-horizon": (he.TARGET, dict(he.BEFORE_PAIR))}
 
 
 def _ready(policy, st):

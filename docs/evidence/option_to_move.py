@@ -52,7 +52,7 @@ class OptionToMove(HorizonRouter):
     ``form`` one of :data:`FORMS`."""
 
     def __init__(self, form: str, **kw) -> None:
-        super().__init__(**(he.FORMER | kw))
+        super().__init__(**(he.FORMER | he.BEFORE_PAIR | kw))
         if form not in FORMS:
             raise ValueError(f"OptionToMove.form must be one of {FORMS}, got {form!r}")
         self.form = form
@@ -107,7 +107,7 @@ def one(job: tuple[dict, str]) -> dict:
     capacity = backend_config(table, scfg)
     # the router as this table was made (he.FORMER: no fallback exit, no option to move)
     policy = OptionToMove(label) if label in FORMS else make_policy(
-        label, **(he.FORMER if label == he.TARGET else {}))
+        label, **(he.FORMER | he.BEFORE_PAIR if label == he.TARGET else {}))
     policy = build_policy(policy, table, scfg, signal=signal, backend=capacity, workload=wcfg)
     s = metrics.summarize(simulate(table, policy, scfg, signal=signal, backend=capacity).records)
     row = {**st, "policy": label, **{c: float(s[c]) for c in (

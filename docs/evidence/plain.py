@@ -25,19 +25,21 @@ from carbonrouter_lib.outputs import save_table
 
 HERE = Path(__file__).resolve().parent
 #: without the slot price, and as the router was then: no fallback exit, no option to move
-PARAMS = {"slot_price": False, **he.FORMER}
+PARAMS = {"slot_price": False, **he.FORMER, **he.BEFORE_PAIR}
 
 
 
 def main() -> None:
     settings, with_variants = he.grid_settings("full")
-    runs = he.grid(settings, with_variants, target_params=PARAMS)
+    runs = he.grid(settings, with_variants, target_params=PARAMS,
+                   variants=he.VARIANTS_BEFORE_PAIR)
     runs = runs[runs["policy"] != "w/o slot price"].reset_index(drop=True)
     results = sweep.run_sweep(list(runs["spec"]))
     t = he.table(results, runs, n_boot=1000)
     save_table(t, "horizon_plain_full_table", HERE, parquet=False)
     save_table(he.verdicts(t), "horizon_plain_full_verdicts", HERE, parquet=False)
-    save_table(he.variants_table(t), "horizon_plain_full_variants", HERE, parquet=False)
+    save_table(he.variants_table(t, he.VARIANTS_BEFORE_PAIR), "horizon_plain_full_variants", HERE,
+               parquet=False)
     save_table(he.bound_shares(results, runs), "horizon_plain_full_bound", HERE, parquet=False)
 
     scale_runs = he.scale_grid("full")

@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 
 def main(grid: str) -> None:
     settings, _ = he.grid_settings(grid)
-    runs = he.grid(settings, reference_in=[])
+    runs = he.grid(settings, reference_in=[], target_params=he.BEFORE_PAIR)
     results = sweep.run_sweep(list(runs["spec"]))
     shares = he.bound_shares(results, runs, priced=True)
     with atomic_path(HERE / "horizon_priced_bound.csv") as tmp:

@@ -42,8 +42,8 @@ BUCKETS_S = (1800.0, 3600.0, 300.0)
 def _runs() -> dict[str, float]:
     """The tuned setting's CO2 of Session-Affinity and the router, gCO2e."""
     wcfg, scfg = he.setting(he.TUNED)
-    return {p: float(sweep.run_one(sweep.RunSpec.make(wcfg, scfg, p))["carbon_g"].sum())
-            for p in ("session-affinity", he.TARGET)}
+    return {p: float(sweep.run_one(sweep.RunSpec.make(wcfg, scfg, p, params))["carbon_g"].sum())
+            for p, params in (("session-affinity", {}), (he.TARGET, he.BEFORE_PAIR))}
 
 
 def one(bucket_s: float, co2: dict[str, float]) -> pd.DataFrame:

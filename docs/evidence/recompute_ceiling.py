@@ -45,7 +45,8 @@ def one(job: tuple[dict[str, str], str]) -> dict:
     (Session-Affinity's CO2 and the bound the committed ``horizon_{grid}_bound.csv``'s)."""
     st, grid = job
     wcfg, scfg = he.setting(st)
-    kinds = he.by_turn_kind(sweep.run_one(sweep.RunSpec.make(wcfg, scfg, he.TARGET)))
+    kinds = he.by_turn_kind(sweep.run_one(sweep.RunSpec.make(wcfg, scfg, he.TARGET,
+                                                             he.BEFORE_PAIR)))
     b = committed(grid).loc[tuple(st[c] for c in he.SETTING)]
     return st | {"session_affinity_kg": b["session_affinity_kg"], "bound_kg": b["bound_kg"]} | (
         he.caching_ceiling(kinds, b["session_affinity_kg"], b["bound_kg"]))

@@ -53,8 +53,8 @@ def one(st: dict[str, str]) -> pd.DataFrame:
     setting, the router's and Session-Affinity's CO2, the bound and the bound without returns
     (kg) and the router's share of the latter's possible saving."""
     wcfg, scfg = he.setting(st)
-    rec = {p: sweep.run_one(sweep.RunSpec.make(wcfg, scfg, p))
-           for p in ("session-affinity", he.TARGET)}
+    rec = {p: sweep.run_one(sweep.RunSpec.make(wcfg, scfg, p, params))
+           for p, params in (("session-affinity", {}), (he.TARGET, he.BEFORE_PAIR))}
     paths = bound.ensure_bound(wcfg, scfg)
     no_return = bound.ensure_bound(wcfg, scfg, returns=False)["carbon_g"].sum() / 1e3
     router = rec[he.TARGET]

@@ -64,7 +64,7 @@ def variant_runs(settings, params: dict, default_label: str) -> pd.DataFrame:
     """:func:`horizon_eval.grid` of ``settings`` (no reference runs) with the router of
     ``params`` (HorizonRouter parameters over its defaults) as the target and the default router
     relabelled ``default_label``: a variant grid of these evidence scripts."""
-    grid = he.grid(settings, reference_in=[])
+    grid = he.grid(settings, reference_in=[], target_params=he.BEFORE_PAIR)
     target = grid[grid["policy"] == he.TARGET]
     variant = target.copy()
     variant["spec"] = [dataclasses.replace(s, policy_params=dict(s.policy_params) | params)

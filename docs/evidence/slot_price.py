@@ -34,11 +34,12 @@ HERE = Path(__file__).resolve().parent
 #: The label of the horizon router without the slot price in these tables.
 PLAIN = "carbonrouter-horizon w/o slot price"
 #: The router as these tables were made: no fallback exit, no option to move (he.FORMER).
-PLAIN_PARAMS = {"slot_price": False, **he.FORMER}
+PLAIN_PARAMS = {"slot_price": False, **he.FORMER, **he.BEFORE_PAIR}
 #: The label of the slot-priced router when the residence variant is the target.
 SLOT = "carbonrouter-horizon + slot price"
-SLOT_PARAMS = {"slot_price": True, **he.FORMER}
-RESIDENCE_PARAMS = {"slot_price": True, "slot_residence": True, **he.FORMER}
+SLOT_PARAMS = {"slot_price": True, **he.FORMER, **he.BEFORE_PAIR}
+RESIDENCE_PARAMS = {"slot_price": True, "slot_residence": True, **he.FORMER,
+                    **he.BEFORE_PAIR}
 
 
 def runs_with_slot_price(settings, residence: bool = False) -> pd.DataFrame:

@@ -53,7 +53,8 @@ from slot_credit import bound_shares  # noqa: E402  (the variant grids' shares)
 def runs(settings) -> pd.DataFrame:
     """Per setting: Session-Affinity (the shares' reference), the router and each
     :data:`carbonrouter_lib.horizon_eval.TOLD` reference (:func:`horizon_eval.grid`'s runs)."""
-    grid = he.grid(settings, variants_in=settings, variants=he.TOLD, noise=(), reference=())
+    grid = he.grid(settings, variants_in=settings, variants=he.TOLD, noise=(), reference=(),
+                   target_params=he.BEFORE_PAIR)
     return grid[grid["policy"].isin(["session-affinity", he.TARGET, *he.TOLD])].reset_index(
         drop=True)
 

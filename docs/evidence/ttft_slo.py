@@ -52,7 +52,7 @@ def main(grid_name: str) -> None:
     if grid_name not in ("full", "fresh"):
         raise SystemExit(f"ttft_slo.py: grid must be 'full' or 'fresh', got {grid_name!r}")
     settings = he.grid_settings(grid_name)[0]
-    first = he.grid(settings, reference_in=[])
+    first = he.grid(settings, reference_in=[], target_params=he.BEFORE_PAIR)
     results = sweep.run_sweep(list(first["spec"]))
     runs = he.with_ttft_slo(first, he.table(results, first, n_boot=10))
     results = sweep.run_sweep(list(runs["spec"]))
