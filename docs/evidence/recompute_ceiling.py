@@ -20,7 +20,11 @@ such levers with the routing unchanged. A lever that also changes the routing is
 Nothing here was tuned; the router is the committed default, its CO2 and the bound are the
 committed ``horizon_{grid}_bound.csv`` values (checked below). About 10 minutes a grid on two
 cores. Run from the repository root: ``.venv/bin/python docs/evidence/recompute_ceiling.py
-full|fresh``.
+full|fresh``. Those tables are the router before the pair became the default (pinned,
+:data:`carbonrouter_lib.horizon_eval.BEFORE_PAIR`); ``pair-full|pair-fresh``
+(``horizon_recompute_ceiling_pair_{grid}.csv``) are the same of the default router, the pair,
+its SLO CarbonRouter's P95 TTFT in the setting and its CO2 and the bound the committed
+``horizon_kv_price_pair_{grid}_bound.csv`` values.
 """
 
 from __future__ import annotations
@@ -40,22 +44,33 @@ sys.path.insert(0, str(HERE))
 from returns import over_settings  # noqa: E402  (the per-setting loop)
 
 
-def one(job: tuple[dict[str, str], str]) -> dict:
+def one(job: tuple[dict[str, str], str], pair: bool = False) -> dict:
     """:func:`horizon_eval.caching_ceiling` of the router in setting ``job[0]`` of grid ``job[1]``
-    (Session-Affinity's CO2 and the bound the committed ``horizon_{grid}_bound.csv``'s)."""
+    (Session-Affinity's CO2 and the bound the committed ``horizon_{grid}_bound.csv``'s); with
+    ``pair`` of the default router, the pair, given its SLO (:func:`committed`'s)."""
     st, grid = job
     wcfg, scfg = he.setting(st)
-    kinds = he.by_turn_kind(sweep.run_one(sweep.RunSpec.make(wcfg, scfg, he.TARGET,
-                                                             he.BEFORE_PAIR)))
-    b = committed(grid).loc[tuple(st[c] for c in he.SETTING)]
+    key = tuple(st[c] for c in he.SETTING)
+    params = {"ttft_slo_s": float(slo(grid).loc[key])} if pair else he.BEFORE_PAIR
+    kinds = he.by_turn_kind(sweep.run_one(sweep.RunSpec.make(wcfg, scfg, he.TARGET, params)))
+    b = committed(grid, pair).loc[key]
     return st | {"session_affinity_kg": b["session_affinity_kg"], "bound_kg": b["bound_kg"]} | (
         he.caching_ceiling(kinds, b["session_affinity_kg"], b["bound_kg"]))
 
 
-def committed(grid: str) -> pd.DataFrame:
-    """The router's rows of the committed ``horizon_{grid}_bound.csv``, by setting."""
-    b = pd.read_csv(HERE / f"horizon_{grid}_bound.csv")
+def committed(grid: str, pair: bool = False) -> pd.DataFrame:
+    """The router's rows of the committed ``horizon_{grid}_bound.csv`` (with ``pair``:
+    ``horizon_kv_price_pair_{grid}_bound.csv``), by setting."""
+    b = pd.read_csv(HERE / (f"horizon_kv_price_pair_{grid}_bound.csv" if pair
+                            else f"horizon_{grid}_bound.csv"))
     return b[b["policy"] == he.TARGET].set_index(list(he.SETTING))
+
+
+def slo(grid: str) -> pd.Series:
+    """The pair's SLO per setting: CarbonRouter's P95 TTFT (s) in the committed
+    ``horizon_kv_price_pair_{grid}_table.csv``."""
+    t = pd.read_csv(HERE / f"horizon_kv_price_pair_{grid}_table.csv")
+    return t[t["policy"] == he.TTFT_SLO_FROM].set_index(list(he.SETTING))["p95_ttft_s"]
 
 
 COLUMNS = [*he.SETTING, "co2_kg", "recompute_stay_kg", "recompute_return_kg", "recompute_move_kg",
@@ -64,14 +79,20 @@ COLUMNS = [*he.SETTING, "co2_kg", "recompute_stay_kg", "recompute_return_kg", "r
 
 
 def main(grid: str) -> None:
-    rows = over_settings(one, grid, "recompute_ceiling.py", with_grid=True)
+    import functools
+
+    pair = grid.startswith("pair-")
+    grid = grid.removeprefix("pair-")
+    rows = over_settings(functools.partial(one, pair=pair), grid, "recompute_ceiling.py",
+                         with_grid=True)
     t = pd.DataFrame(rows)
     t["reaches_70"] = t["share_caches_kept"] >= 0.7
     t = t[COLUMNS]
     mine = t.set_index(list(he.SETTING))
-    drift = np.abs(mine["co2_kg"] / committed(grid).loc[mine.index, "co2_kg"] - 1).max()
+    drift = np.abs(mine["co2_kg"] / committed(grid, pair).loc[mine.index, "co2_kg"] - 1).max()
     print(f"against the committed CO2, largest relative difference: {drift:.2e}")
-    save_table(t, f"horizon_recompute_ceiling_{grid}", HERE, parquet=False)
+    save_table(t, f"horizon_recompute_ceiling_{'pair_' if pair else ''}{grid}", HERE,
+               parquet=False)
     print(t.round(3).to_string())
 
 
