@@ -236,12 +236,7 @@ def grid(settings: Sequence[Mapping[str, str]], variants_in: Sequence[Mapping[st
         missing = set(SETTING) - set(st)
         if missing:
             raise ValueError(f"horizon_eval.grid: setting {dict(st)} lacks {sorted(missing)}")
-        base = dict(target_params or {})
-        if ttft_slo is not None:
-            k = tuple(st[c] for c in SETTING)
-            if k not in ttft_slo:
-                raise ValueError(f"horizon_eval.grid: no SLO for setting {dict(st)}")
-            base["ttft_slo_s"] = float(ttft_slo[k])
+        base = dict(target_params or {}) | _slo_params(ttft_slo, st, SETTING, "grid")
         wcfg, scfg = setting(st, peak, seed, max_conversations)
         refs = reference if reference_in is None or st in reference_in else ()
         runs: dict[str, tuple[str, dict[str, Any]]] = {p: (p, {}) for p in (*ONLINE, *refs)}
@@ -276,16 +271,29 @@ def scale_grid(name: str, seed: int = 0, max_conversations: int | None = None,
     runs = pd.concat(parts, ignore_index=True)
     if ttft_slo is None and not target_params:
         return runs
+    return _router_with(runs, lambda r: dict(target_params or {}) | _slo_params(
+        ttft_slo, r, SCALE_BY, "scale_grid"))
+
+
+def _slo_params(ttft_slo: Mapping[tuple, float] | None, st: Mapping[str, Any],
+                by: Sequence[str], caller: str) -> dict[str, float]:
+    """``{"ttft_slo_s": …}`` of setting ``st`` (its ``by`` values) in ``ttft_slo``; ``{}`` where
+    there is no SLO; a ValueError naming ``caller`` and the setting where it has none."""
+    if ttft_slo is None:
+        return {}
+    k = tuple(st[c] for c in by)
+    if k not in ttft_slo:
+        raise ValueError(f"horizon_eval.{caller}: no SLO for setting {k}")
+    return {"ttft_slo_s": float(ttft_slo[k])}
+
+
+def _router_with(runs: pd.DataFrame, extra) -> pd.DataFrame:
+    """``runs`` with each of the router's (:data:`TARGET`'s) specs given the parameters
+    ``extra(row)`` over its own, and its key renewed; the other runs as they were."""
     target = runs["policy"] == TARGET
-    specs = []
-    for r in runs[target].to_dict("records"):
-        params = dict(r["spec"].policy_params) | dict(target_params or {})
-        if ttft_slo is not None:
-            k = tuple(r[c] for c in SCALE_BY)
-            if k not in ttft_slo:
-                raise ValueError(f"horizon_eval.scale_grid: no SLO for setting {k}")
-            params["ttft_slo_s"] = float(ttft_slo[k])
-        specs.append(dataclasses.replace(r["spec"], policy_params=params))
+    specs = [dataclasses.replace(r["spec"], policy_params=dict(r["spec"].policy_params)
+                                 | extra(r)) for r in runs[target].to_dict("records")]
+    runs = runs.copy()
     runs.loc[target, "spec"] = pd.Series(specs, index=runs.index[target], dtype=object)
     runs.loc[target, "key"] = [spec.key() for spec in specs]
     return runs
@@ -352,11 +360,7 @@ def with_ttft_slo(runs: pd.DataFrame, t: pd.DataFrame, slo_from: str = TTFT_SLO_
     missing = [st for st in target[by].itertuples(index=False, name=None) if st not in slo]
     if missing:
         raise ValueError(f"horizon_eval.with_ttft_slo: no {slo_from!r} run in {missing}")
-    variant = target.copy()
-    variant["spec"] = [dataclasses.replace(r["spec"], policy_params=dict(r["spec"].policy_params)
-                                           | {"ttft_slo_s": slo[tuple(r[k] for k in by)]})
-                       for r in target.to_dict("records")]
-    variant["key"] = [spec.key() for spec in variant["spec"]]
+    variant = _router_with(target, lambda r: _slo_params(slo, r, by, "with_ttft_slo"))
     keep = runs["policy"].isin([*ONLINE, *REFERENCE])
     return pd.concat([runs[keep], target.assign(policy=NO_TTFT_SLO), variant],
                      ignore_index=True)

@@ -2151,7 +2151,7 @@ def test_the_pairs_ablations_follow_from_their_runs():
     t, kp = _pair_variants()
     key = list(he.SETTING)
     settings = he.grid_settings("full")[1]
-    labels = [*he.ONLINE, *he.REFERENCE, kp.PAIR_DEFAULT, he.TARGET, *kp.PAIR_VARIANTS,
+    labels = [*he.ONLINE, *he.REFERENCE, kp.PAIR_DEFAULT, he.TARGET, *he.VARIANTS,
               *(he.noise_label(s) for s in he.NOISE)]
     assert len(t) == len(settings) * len(labels)
     assert sorted(t["policy"].unique()) == sorted(labels) and not t["held_out"].any()

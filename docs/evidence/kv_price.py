@@ -44,11 +44,12 @@ parts as they are, nothing chosen for the pair, run once on both grids (about 8 
 
 ``pair-full`` / ``pair-fresh`` (``horizon_kv_price_pair_{grid}_{table,verdicts,bound}.csv``):
 the pair's grid against every online policy, with paired CIs, as notebook 09's: a first phase
-replays every online policy and the default router (labelled :data:`PAIR_DEFAULT`), then the
-pair (:data:`TTL_PARAMS` with ``ttft_slo_s`` = CarbonRouter's P95 TTFT of the first phase in the
-setting, :func:`carbonrouter_lib.horizon_eval.with_ttft_slo`) is the target. Both parts were
-designed after both grids, so no setting is held-out (``held_out`` is False throughout). About
-25 minutes a grid on two cores.
+replays every online policy and the router before the pair (labelled :data:`PAIR_DEFAULT`), then
+the pair, now the default router, given CarbonRouter's P95 TTFT of the first phase in the
+setting as its SLO (:func:`carbonrouter_lib.horizon_eval.ttft_slos`), is the target. Its tables
+were computed before the switch, with the pair's parameters given explicitly (the same router).
+Both parts were designed after both grids, so no setting is held-out (``held_out`` is False
+throughout). About 25 minutes a grid on two cores.
 
 ``pair-scale`` (``horizon_kv_price_pair_scale_{table,verdicts}.csv``): the same across notebook
 09's full scale sweep (:data:`carbonrouter_lib.horizon_eval.SCALE_GRIDS` ``"full"``; the SLO
@@ -56,8 +57,9 @@ CarbonRouter's P95 at the same dataset, memory rule and scale), which no part of
 looked at on.
 
 ``pair-variants`` (``horizon_kv_price_pair_variants.csv``, :func:`carbonrouter_lib.horizon_eval.
-table`): notebook 09's ablations and forecast errors over the pair (:data:`PAIR_VARIANTS`: the
-default router's, and the pair without each of its prices) in the full grid's four settings with
+table`): notebook 09's ablations and forecast errors over the pair
+(:data:`carbonrouter_lib.horizon_eval.VARIANTS`: the former router's, and the pair without each
+of its prices) in the full grid's four settings with
 ablations, with every online policy, the oracle gate and the default router replayed beside it;
 no setting held-out. About 9 minutes on two cores.
 
@@ -96,20 +98,9 @@ KV_PARAMS = {"kv_price": True, "kv_loss": "all"}
 TTL_PARAMS = KV_PARAMS | {"kv_loss": "within_ttl"}
 #: The label of the router with its defaults in the variant's grid tables.
 DEFAULT = "carbonrouter-horizon (no KV price)"
-#: The label of the router with its defaults in the pair's grid tables (``pair-full|fresh``).
+#: The label of the router before the pair in the pair's grid tables (``pair-*``), where the
+#: pair, now the default router, is the target.
 PAIR_DEFAULT = "carbonrouter-horizon (default)"
-#: Both prices off (each needs J ≥ 1): the pair's J = 0 ablation is the one-turn proposal, as the
-#: default router's is.
-NO_PRICES = {"kv_price": False, "kv_loss": "all", "ttft_slo_s": None}
-#: The pair's ablations (``pair-variants``): label → parameters over the pair's (:data:`TTL_PARAMS`
-#: and its SLO). The default router's (:data:`carbonrouter_lib.horizon_eval.VARIANTS`, the same
-#: labels), and the pair without each of its two prices.
-PAIR_VARIANTS: dict[str, dict] = {
-    label: dict(params) | (NO_PRICES if params.get("horizon") == 0 else {})
-    for label, params in he.VARIANTS_BEFORE_PAIR.items()} | {
-    "w/o KV price (the TTFT price alone)": {"kv_price": False, "kv_loss": "all"},
-    "w/o TTFT price (the KV price within the TTL alone)": {"ttft_slo_s": None},
-}
 
 
 def one(job: tuple[dict[str, str], str], params: dict | None = None) -> dict:
@@ -260,57 +251,48 @@ def one_slo(job: tuple[dict[str, str], str]) -> dict:
     return one(job, params=TTL_PARAMS | {"ttft_slo_s": slo}) | {"slo_s": slo}
 
 
-def _as_pair(runs: pd.DataFrame) -> pd.DataFrame:
-    """:func:`horizon_eval.with_ttft_slo`'s ``runs`` as the pair's: the default router
-    relabelled :data:`PAIR_DEFAULT`, the target given :data:`TTL_PARAMS` beside its SLO."""
-    import dataclasses
-
-    runs = runs.replace({"policy": {he.NO_TTFT_SLO: PAIR_DEFAULT}})
-    target = (runs["policy"] == he.TARGET).to_numpy()
-    runs["spec"] = [dataclasses.replace(s, policy_params=dict(s.policy_params) | TTL_PARAMS)
-                    if pair else s for s, pair in zip(runs["spec"], target, strict=True)]
-    runs["key"] = [s.key() for s in runs["spec"]]
-    return runs
+def _pair(first: pd.DataFrame, pair: pd.DataFrame) -> pd.DataFrame:
+    """The pair's runs: of the first phase ``first`` (the router before the pair as the
+    target), the other policies and that router relabelled :data:`PAIR_DEFAULT`; then of
+    ``pair`` (notebook 09's runs, the router given its SLO) the router and its variants."""
+    before = first["policy"] == he.TARGET
+    return pd.concat([first[~before], first[before].assign(policy=PAIR_DEFAULT),
+                      pair[~pair["policy"].isin([*he.ONLINE, *he.REFERENCE])]],
+                     ignore_index=True)
 
 
 def pair_runs(grid: str, reference: bool = False) -> pd.DataFrame:
-    """The pair's grid runs (``pair-full|pair-fresh``): :func:`horizon_eval.with_ttft_slo` of the
-    first phase (every online policy and the default router, run here; with ``reference`` also
-    the oracle gate) as :func:`_as_pair`'s."""
-    first = he.grid(he.grid_settings(grid)[0], reference_in=None if reference else [],
+    """The pair's grid runs (``pair-full|pair-fresh``), notebook 09's two phases: every online
+    policy and the router before the pair (with ``reference`` also the oracle gate), run here,
+    then the default router given CarbonRouter's P95 TTFT as its SLO
+    (:func:`carbonrouter_lib.horizon_eval.ttft_slos`)."""
+    settings = he.grid_settings(grid)[0]
+    first = he.grid(settings, reference_in=None if reference else [],
                     target_params=he.BEFORE_PAIR)
-    results = sweep.run_sweep(list(first["spec"]))
-    return _as_pair(he.with_ttft_slo(first, he.table(results, first, n_boot=10)))
+    slo = he.ttft_slos(sweep.run_sweep(list(first["spec"])), first)
+    return _pair(first, he.grid(settings, reference=(), ttft_slo=slo))
 
 
 def pair_scale_runs() -> pd.DataFrame:
     """:func:`pair_runs` over notebook 09's full scale sweep, the SLO CarbonRouter's P95 TTFT of
     the first phase at the same :data:`~carbonrouter_lib.horizon_eval.SCALE_BY` setting."""
     first = he.scale_grid("full", target_params=he.BEFORE_PAIR)
-    results = sweep.run_sweep(list(first["spec"]))
-    t = he.scale_table(results, first, n_boot=10)
-    return _as_pair(he.with_ttft_slo(first, t, by=he.SCALE_BY))
+    slo = he.ttft_slos(sweep.run_sweep(list(first["spec"])), first, by=he.SCALE_BY)
+    return _pair(first, he.scale_grid("full", ttft_slo=slo))
 
 
 def pair_variant_runs() -> pd.DataFrame:
     """The pair's ablations and forecast errors (``pair-variants``) in notebook 09's four settings
     of the full grid's ablations (:func:`carbonrouter_lib.horizon_eval.grid_settings` ``"full"``:
     both datasets × both memory rules, the paper's regions, winter): a first phase replays every
-    online policy, the oracle gate and the default router (:data:`PAIR_DEFAULT`); then the pair
-    (SLO CarbonRouter's P95 TTFT of the first phase), each of :data:`PAIR_VARIANTS` and each
-    forecast error over it (:data:`carbonrouter_lib.horizon_eval.NOISE`)."""
+    online policy, the oracle gate and the router before the pair (:data:`PAIR_DEFAULT`); then
+    the default router (SLO CarbonRouter's P95 TTFT of the first phase), each of its ablations
+    (:data:`carbonrouter_lib.horizon_eval.VARIANTS`) and each forecast error over it
+    (:data:`carbonrouter_lib.horizon_eval.NOISE`)."""
     settings = he.grid_settings("full")[1]
     first = he.grid(settings, target_params=he.BEFORE_PAIR)
-    results = sweep.run_sweep(list(first["spec"]))
-    slo = he.with_ttft_slo(first, he.table(results, first, n_boot=10))
-    slo = slo[slo["policy"] == he.TARGET]
-    parts = [first[first["policy"] != he.TARGET]]
-    parts.append(first[first["policy"] == he.TARGET].assign(policy=PAIR_DEFAULT))
-    for st, spec in zip(slo[list(he.SETTING)].to_dict("records"), slo["spec"], strict=True):
-        params = TTL_PARAMS | {"ttft_slo_s": spec.policy_params["ttft_slo_s"]}
-        runs = he.grid([st], [st], target_params=params, reference=(), variants=PAIR_VARIANTS)
-        parts.append(runs[~runs["policy"].isin(he.ONLINE)])
-    return pd.concat(parts, ignore_index=True)
+    slo = he.ttft_slos(sweep.run_sweep(list(first["spec"])), first)
+    return _pair(first, he.grid(settings, settings, reference=(), ttft_slo=slo))
 
 
 def main(grid: str) -> None:
