@@ -1037,10 +1037,11 @@ def test_the_committed_ttft_slo_tables_follow_from_their_runs(grid):
             f"{int((med[he.NO_TTFT_SLO] >= 0.7).sum())}") in readme
 
 
-def _told_spans(grid: str) -> dict[str, str]:
+def _told_spans(grid: str, pre: str = "") -> dict[str, str]:
     """The numbers the README states of the references told the future in ``grid``
-    (docs/evidence/horizon_told_{grid}_bound.csv and horizon_gap_{grid}.csv)."""
-    b = pd.read_csv(EVIDENCE / f"horizon_told_{grid}_bound.csv")
+    (docs/evidence/horizon_told_{grid}_bound.csv and horizon_gap_{grid}.csv; ``pre="pair_"``:
+    the default router's, horizon_told_pair_{grid}_bound.csv and horizon_gap_pair_{grid}.csv)."""
+    b = pd.read_csv(EVIDENCE / f"horizon_told_{pre}{grid}_bound.csv")
     w = b.pivot_table(index=list(he.SETTING), columns="policy",
                       values="share_of_possible_saving")
     moon = w.index.get_level_values("dataset") == "mooncake"
@@ -1053,11 +1054,11 @@ def _told_spans(grid: str) -> dict[str, str]:
     def pct(p, sel):
         return f"{100 * w[p][sel].min():.0f}–{100 * w[p][sel].max():.0f}%"
 
-    t = pd.read_csv(EVIDENCE / f"horizon_told_{grid}_table.csv")
+    t = pd.read_csv(EVIDENCE / f"horizon_told_{pre}{grid}_table.csv")
     told_len = t[(t["policy"] == "told the session length") & (t["dataset"] == "mooncake")]
-    g = pd.read_csv(EVIDENCE / f"horizon_gap_{grid}.csv")
+    g = pd.read_csv(EVIDENCE / f"horizon_gap_{pre}{grid}.csv")
     per = g.groupby([*he.SETTING, "turns"])["share_of_possible_saving"].sum().unstack("turns")
-    gt = pd.read_csv(EVIDENCE / f"horizon_gap_told_{grid}.csv")
+    gt = pd.read_csv(EVIDENCE / f"horizon_gap_told_{pre}{grid}.csv")
     per_told = gt.groupby([*he.SETTING, "turns"])["share_of_possible_saving"].sum().unstack(
         "turns")
 
@@ -1174,6 +1175,109 @@ def test_the_committed_told_and_gap_tables_follow_from_their_runs(grid):
         assert (f"Told all three, the later turns on ShareGPT still hold {s['told_later_paper']} "
                 f"points under the paper's memory rule and {s['told_later_ample']} with ample "
                 f"memory") in readme
+
+
+PAIR_TOLD_GRIDS = ["full", "fresh"]
+
+
+@pytest.mark.parametrize("grid", PAIR_TOLD_GRIDS)
+def test_the_default_routers_told_and_gap_tables_follow_from_their_runs(grid):
+    # docs/evidence/horizon_told_pair_{grid}_*.csv, horizon_gap_pair_{grid}.csv and
+    # horizon_gap_told_pair_{grid}.csv (told.py pair-{grid}, gap.py pair-{grid} [--told]): the
+    # default router's runs, Session-Affinity's and its SLOs are the committed pair grid's to
+    # the last digit; the shares follow from the committed bounds; the gap splits the corrected
+    # bound (docs/model.md §11.1, the return credit): ShareGPT's the committed one to the last
+    # digit, the Mooncake trace's at most 0.03% above it; its parts and the share of its own bound
+    # add up to 1; a first turn costs nothing on the bound's model and GPU; the README states it.
+    from carbonrouter_lib import bound
+
+    pair_t = pd.read_csv(EVIDENCE / f"horizon_kv_price_pair_{grid}_table.csv")
+    grid_b = pd.read_csv(EVIDENCE / f"horizon_{grid}_bound.csv")
+    t = pd.read_csv(EVIDENCE / f"horizon_told_pair_{grid}_table.csv")
+    b = pd.read_csv(EVIDENCE / f"horizon_told_pair_{grid}_bound.csv")
+    key = [*he.SETTING, "policy"]
+    mine = t.merge(pair_t, on=key, suffixes=("", "_grid"))
+    assert set(mine["policy"]) == {"session-affinity", he.TARGET}
+    assert len(mine) == 64 and (mine["total_co2_kg"] == mine["total_co2_kg_grid"]).all()
+    assert (mine["p95_ttft_s"] == mine["p95_ttft_s_grid"]).all()
+    assert set(b["policy"]) == {he.TARGET, *he.TOLD} and len(b) == (1 + len(he.TOLD)) * 32
+    assert not b["held_out"].any()  # no setting of the full grid or fresh weeks is, for the pair
+    kg = grid_b.groupby(list(he.SETTING))["bound_kg"].first()
+    for row in b.itertuples(index=False):
+        st = tuple(getattr(row, k) for k in he.SETTING)
+        assert row.bound_kg == kg[st]
+        assert row.share_of_possible_saving == pytest.approx(bound.share_of_possible_saving(
+            row.session_affinity_kg, row.co2_kg, row.bound_kg), rel=1e-12)
+    sa = b.groupby(list(he.SETTING))["session_affinity_kg"].first()
+    for name, policy in ((f"horizon_gap_pair_{grid}.csv", he.TARGET),
+                         (f"horizon_gap_told_pair_{grid}.csv", "told all three")):
+        of = b[b["policy"] == policy].set_index(list(he.SETTING))
+        g = pd.read_csv(EVIDENCE / name)
+        assert (g["n_sessions_excluded"] >= 0).all() and set(g["part"]) == set(he.GAP_PARTS)
+        first_same = g[(g["turns"] == "first") & (g["part"] == he.GAP_PARTS[0])]
+        assert len(first_same) == 32 and (first_same["gap_kg"].abs() < 1e-12).all()
+        co2 = g.groupby(list(he.SETTING))[["co2_kg", "bound_kg"]].first()
+        assert (co2["co2_kg"].to_numpy() == of.loc[co2.index, "co2_kg"].to_numpy()).all(), name
+        rise = co2["bound_kg"] / kg.loc[co2.index] - 1
+        moon = co2.index.get_level_values("dataset") == "mooncake"
+        assert (rise[~moon] == 0).all() and rise[moon].between(0, 3e-4).all(), name
+        parts = g.groupby(list(he.SETTING))["share_of_possible_saving"].sum()
+        own = [bound.share_of_possible_saving(sa[st], co2.loc[st, "co2_kg"],
+                                              co2.loc[st, "bound_kg"]) for st in parts.index]
+        clean = g.groupby(list(he.SETTING))["n_sessions_excluded"].first() == 0
+        assert clean.sum() >= 28
+        np.testing.assert_allclose((parts + own)[clean], 1.0, rtol=1e-9)
+    s = _told_spans(grid, "pair_")
+    name = {"full": "the full grid", "fresh": "the fresh weeks"}[grid]
+    assert s["len_moon_ci"] == "True"
+    readme = _readme_text()
+    assert (f"{name}: intensities {s['int']}; session length {s['len_moon']} on the Mooncake "
+            f"trace ({s['len_moon_at']} of the bound's saving; the router emits "
+            f"{s['len_moon_co2']} more, every CI excluding 0), {s['len_paper']} on ShareGPT under "
+            f"the paper's memory rule and {s['len_ample']} with ample memory; the models of the "
+            f"future turns {s['models_paper']} on ShareGPT under the paper's memory rule, "
+            f"{s['models_ample']} with ample memory and {s['models_moon']} on the Mooncake "
+            f"trace; told all three, a median of {s['all_med']} (the router "
+            f"{s['router_med']}), ≥ 70% in {s['all_70']} of 32 ({s['all_70_share']} of them "
+            f"ShareGPT), ShareGPT {s['all_paper']} and {s['all_ample']}") in readme
+    if grid == "full":
+        assert (f"on ShareGPT its later turns hold {s['gap_later_paper']} points of the possible "
+                f"saving under the paper's memory rule and {s['gap_later_ample']} with ample "
+                f"memory (told all three, {s['told_later_paper']} and {s['told_later_ample']}), "
+                f"the first turns {s['gap_first_share']}; on the Mooncake trace the first turns "
+                f"hold {s['gap_first_moon']}") in readme
+    else:  # docs/model.md §11.4c states both grids
+        f, model = _told_spans("full", "pair_"), _model_text()
+
+        def n(x):
+            return x.removesuffix(" points")
+
+        assert (f"the intensities are worth {f['int']} of its share (full grid; fresh weeks "
+                f"{n(s['int'])})") in model
+        assert (f"the session length is worth {f['len_moon']} on the Mooncake trace "
+                f"({n(s['len_moon'])}), where told it reaches {f['len_moon_at']} "
+                f"({s['len_moon_at']}), and {f['len_paper']} on ShareGPT") in model
+        assert (f"the models of its future turns {f['models_paper']} under the paper's memory rule "
+                f"({n(s['models_paper'])};") in model
+        assert (f"told all three, ShareGPT stays at {f['all_paper']} under the paper's memory rule "
+                f"and {f['all_ample']} with ample memory (fresh weeks {s['all_paper']} and "
+                f"{s['all_ample']}): ≥ 70% in {f['all_70']} of 32 ({s['all_70']}), "
+                f"{f['all_70_share']} ({s['all_70_share']}) of them ShareGPT") in model
+        assert (f"on ShareGPT the later turns hold {f['gap_later_paper']} points of the possible "
+                f"saving under the paper's memory rule (the router before it "
+                f"{_told_spans('full')['gap_later_paper']}) and {f['gap_later_ample']} with ample "
+                f"memory") in model
+        assert (f"told all three the later turns still hold {f['told_later_paper']} and "
+                f"{f['told_later_ample']}") in model
+
+        def recomputed(name):  # the median over ShareGPT's settings under the paper's rule
+            g = pd.read_csv(EVIDENCE / name)
+            g = g[(g["dataset"] == "sharegpt") & (g["memory"] == "paper") & (g["turns"] == "later")
+                  & (g["part"] == he.GAP_PARTS[0])]
+            return f"{100 * g['share_of_possible_saving'].median():.1f}"
+
+        assert (f"recomputed histories {recomputed('horizon_gap_full.csv')} → "
+                f"{recomputed('horizon_gap_pair_full.csv')} points, medians") in model
 
 
 def _returns_spans(grid: str) -> dict[str, str]:

@@ -31,6 +31,12 @@ The bound: its values in the committed ``horizon_{grid}_bound.csv`` (it does not
 router). The router's own runs here give the committed ``horizon_{grid}_table.csv`` CO2 to the last
 digit (checked below). About 25 minutes a grid on two cores. Run from the repository root:
 ``.venv/bin/python docs/evidence/told.py full|fresh``.
+
+``pair-full`` / ``pair-fresh`` (``horizon_told_pair_{grid}_{table,bound}.csv``): the same of the
+default router (the pair, docs/model.md §11.4a) in notebook 09's two phases, the router and every
+told reference given CarbonRouter's P95 TTFT as its SLO; its runs give the committed
+``horizon_kv_price_pair_{grid}_table.csv`` CO2 to the last digit (checked below). No setting is
+held-out for the pair (:data:`carbonrouter_lib.horizon_eval.DESIGNED_ON_PAIR`).
 """
 
 from __future__ import annotations
@@ -59,10 +65,24 @@ def runs(settings) -> pd.DataFrame:
         drop=True)
 
 
-def shares(t: pd.DataFrame, bounds: pd.DataFrame) -> pd.DataFrame:
+def pair_runs(settings) -> pd.DataFrame:
+    """:func:`runs` of the default router (the pair, docs/model.md §11.4a) in notebook 09's two
+    phases: CarbonRouter first (:func:`carbonrouter_lib.horizon_eval.slo_runs`, replayed here),
+    its P95 TTFT per setting the SLO of the router and of every told reference
+    (:func:`carbonrouter_lib.horizon_eval.ttft_slos`)."""
+    first = he.grid(settings, noise=(), reference=())
+    slo = he.ttft_slos(sweep.run_sweep(list(he.slo_runs(first)["spec"])), first)
+    grid = he.grid(settings, variants_in=settings, variants=he.TOLD, noise=(), reference=(),
+                   ttft_slo=slo)
+    return grid[grid["policy"].isin(["session-affinity", he.TARGET, *he.TOLD])].reset_index(
+        drop=True)
+
+
+def shares(t: pd.DataFrame, bounds: pd.DataFrame,
+           designed_on=he.DESIGNED_ON) -> pd.DataFrame:
     """Per setting and run of table ``t``: CO2 (kg), the committed bound (kg) and the share of
     its possible saving over Session-Affinity (:func:`slot_credit.bound_shares`)."""
-    return bound_shares(t, bounds, policies=(he.TARGET, *he.TOLD))
+    return bound_shares(t, bounds, policies=(he.TARGET, *he.TOLD), designed_on=designed_on)
 
 
 def length_by_prompt(bins: int = 8) -> pd.DataFrame:
@@ -92,24 +112,31 @@ def length_by_prompt(bins: int = 8) -> pd.DataFrame:
 
 
 def main(grid: str) -> None:
+    pair = grid.startswith("pair-")
+    grid = grid.removeprefix("pair-")
     if grid not in ("full", "fresh"):
-        raise SystemExit(f"told.py: grid must be 'full' or 'fresh', got {grid!r}")
-    r = runs(he.grid_settings(grid)[0])
-    t = he.table(sweep.run_sweep(list(r["spec"])), r)
-    committed = pd.read_csv(HERE / f"horizon_{grid}_table.csv")
+        raise SystemExit(f"told.py: grid must be 'full', 'fresh', 'pair-full' or 'pair-fresh', "
+                         f"got {grid!r}")
+    settings = he.grid_settings(grid)[0]
+    r = pair_runs(settings) if pair else runs(settings)
+    designed_on = he.DESIGNED_ON_PAIR if pair else he.DESIGNED_ON
+    t = he.table(sweep.run_sweep(list(r["spec"])), r, designed_on=designed_on)
+    committed = pd.read_csv(HERE / (f"horizon_kv_price_pair_{grid}_table.csv" if pair
+                                    else f"horizon_{grid}_table.csv"))
     mine = t[t["policy"] == he.TARGET].merge(
         committed[committed["policy"] == he.TARGET], on=list(he.SETTING), suffixes=("", "_c"))
     drift = float(np.max(np.abs(mine["total_co2_kg"] / mine["total_co2_kg_c"] - 1)))
     print(f"the router's CO2 against the committed table: largest relative difference {drift:.2e}")
-    s = shares(t, pd.read_csv(HERE / f"horizon_{grid}_bound.csv"))
-    save_table(t, f"horizon_told_{grid}_table", HERE, parquet=False)
-    save_table(s, f"horizon_told_{grid}_bound", HERE, parquet=False)
+    s = shares(t, pd.read_csv(HERE / f"horizon_{grid}_bound.csv"), designed_on)
+    name = f"horizon_told_pair_{grid}" if pair else f"horizon_told_{grid}"
+    save_table(t, f"{name}_table", HERE, parquet=False)
+    save_table(s, f"{name}_bound", HERE, parquet=False)
     wide = s.pivot_table(index=list(he.SETTING), columns="policy", sort=False,
                          values="share_of_possible_saving")[[he.TARGET, *he.TOLD]]
     print(wide.round(3).to_string())
     print(wide.groupby(level=["dataset", "memory"]).median().round(3).to_string())
     print("≥ 0.70:", (wide >= 0.70).sum().to_dict())
-    if grid == "full":
+    if grid == "full" and not pair:
         by = length_by_prompt()
         save_table(by, "horizon_told_length_by_prompt", HERE, parquet=False)
         print(by.round(3).to_string())
