@@ -44,7 +44,7 @@ __all__ = ["TARGET", "ONLINE", "REFERENCE", "FORMER", "VARIANTS", "NOISE", "TUNE
            "TTFT_SLO_FROM", "NO_TTFT_SLO", "TTFT_SLO_DESIGNED_ON", "TOLD", "GAP_PARTS",
            "gap_to_bound", "TURN_KINDS", "turn_kinds", "by_turn_kind", "caching_ceiling",
            "previous_served", "gap_by_turn_kind", "FollowPath", "BEFORE_PAIR",
-           "VARIANTS_BEFORE_PAIR", "ttft_slos", "slo_runs", "DESIGNED_ON_PAIR"]
+           "VARIANTS_BEFORE_PAIR", "ttft_slos", "table_slos", "slo_runs", "DESIGNED_ON_PAIR"]
 
 #: The router evaluated (registry name; its defaults, and as its SLO CarbonRouter's P95 TTFT in
 #: the setting: :func:`ttft_slos`).
@@ -317,6 +317,15 @@ def ttft_slos(results: Mapping[str, Any], runs: pd.DataFrame,
     return out
 
 
+def table_slos(t: pd.DataFrame, slo_from: str = TTFT_SLO_FROM,
+               by: Sequence[str] = SETTING) -> dict[tuple, float]:
+    """The router's SLO per setting (the columns ``by``) from a :func:`table` or
+    :func:`scale_table` ``t``: ``slo_from``'s P95 TTFT there, s (the summary's value, as
+    :func:`ttft_slos` reads it from the runs' results)."""
+    return {tuple(r[k] for k in by): float(r["p95_ttft_s"])
+            for r in t[t["policy"] == slo_from].to_dict("records")}
+
+
 def scale_table(results: Mapping[str, Any], runs: pd.DataFrame, n_boot: int = 2000,
                 seed: int = 0) -> pd.DataFrame:
     """:func:`table` of a :func:`scale_grid`: per (dataset, region set, memory rule, copies),
@@ -354,8 +363,7 @@ def with_ttft_slo(runs: pd.DataFrame, t: pd.DataFrame, slo_from: str = TTFT_SLO_
     for a :func:`scale_grid` and its :func:`scale_table`) — the SLO an operator would set from
     the incumbent's measurements; the router learns nothing else from those runs."""
     by = list(by)
-    slo = {tuple(r[k] for k in by): float(r["p95_ttft_s"])
-           for r in t[t["policy"] == slo_from].to_dict("records")}
+    slo = table_slos(t, slo_from, by)
     target = runs[runs["policy"] == TARGET]
     missing = [st for st in target[by].itertuples(index=False, name=None) if st not in slo]
     if missing:

@@ -67,7 +67,7 @@ def test_the_router_before_the_pair_is_pinned_by_its_evidence_scripts():
     # every evidence script that replays the router as it was before the pair became the default
     # (the committed tables of the README's and docs/model.md's earlier analyses) pins
     # he.BEFORE_PAIR, so that rerunning it gives its table again; return_exit.py replays through
-    # slot_credit.variant_runs
+    # slot_credit.variant_runs, returns.py and recompute_ceiling.py through gap.router_params
     scripts = {}
     for path in sorted(EVIDENCE.glob("*.py")):
         src = path.read_text()
@@ -78,7 +78,13 @@ def test_the_router_before_the_pair_is_pinned_by_its_evidence_scripts():
             scripts[path.stem] = "he.BEFORE_PAIR" in src
     assert scripts.pop("return_exit") is False and "variant_runs(" in (
         EVIDENCE / "return_exit.py").read_text()
-    assert len(scripts) >= 14 and all(scripts.values()), scripts
+    for name in ("returns", "recompute_ceiling"):
+        assert scripts.pop(name) is False and "router_params(st, slo)" in (
+            EVIDENCE / f"{name}.py").read_text()
+    router_params = _evidence_module("gap").router_params
+    assert router_params(dict(he.TUNED), None) == he.BEFORE_PAIR
+    assert router_params(dict(he.TUNED), {tuple(he.TUNED.values()): 0.9}) == {"ttft_slo_s": 0.9}
+    assert len(scripts) >= 12 and all(scripts.values()), scripts
     assert "target_params=he.BEFORE_PAIR" in inspect.getsource(
         _evidence_module("slot_credit").variant_runs)
 
@@ -1102,14 +1108,25 @@ def _told_spans(grid: str, pre: str = "") -> dict[str, str]:
     }
 
 
+def _bound_as_committed(bound_kg: pd.Series, committed_kg: pd.Series, mooncake_rise: float,
+                        name: str) -> pd.Series:
+    """Per setting (the index, :data:`he.SETTING`), whether a table's bound (kg) is the committed
+    one: on ShareGPT always, on the Mooncake trace at most ``mooncake_rise`` (relative) above it
+    (the corrected return credit, docs/model.md §11.1; 0: the same to the last digit)."""
+    rise = bound_kg / committed_kg.loc[bound_kg.index] - 1
+    moon = bound_kg.index.get_level_values("dataset") == "mooncake"
+    assert (rise[~moon] == 0).all() and rise[moon].between(0, mooncake_rise).all(), name
+    return rise == 0
+
+
 def _check_told_and_gap_tables(grid: str, pre: str, grid_table: str,
                                mooncake_rise: float) -> None:
     """The checks of docs/evidence/horizon_told_{pre}{grid}_*.csv, horizon_gap_{pre}{grid}.csv and
     horizon_gap_told_{pre}{grid}.csv against the committed grid table ``grid_table`` and bounds:
     the router's and Session-Affinity's runs are the grid's to the last digit (with ``pre``, the
     P95 TTFT too, and no setting held-out); the shares follow from the committed bounds; each gap
-    splits a bound equal to the committed one on ShareGPT and at most ``mooncake_rise`` (relative)
-    above it on the Mooncake trace, its parts and the share of that bound add up to 1, and a first
+    splits the committed bound (:func:`_bound_as_committed`; where it is that bound, the router's
+    share is the committed one), its parts and the share of that bound add up to 1, and a first
     turn (no cache) costs nothing on the bound's model and GPU."""
     from carbonrouter_lib import bound
 
@@ -1142,12 +1159,14 @@ def _check_told_and_gap_tables(grid: str, pre: str, grid_table: str,
         assert len(first_same) == 32 and (first_same["gap_kg"].abs() < 1e-12).all()
         co2 = g.groupby(list(he.SETTING))[["co2_kg", "bound_kg"]].first()
         assert (co2["co2_kg"].to_numpy() == of.loc[co2.index, "co2_kg"].to_numpy()).all(), name
-        rise = co2["bound_kg"] / kg.loc[co2.index] - 1
-        moon = co2.index.get_level_values("dataset") == "mooncake"
-        assert (rise[~moon] == 0).all() and rise[moon].between(0, mooncake_rise).all(), name
+        same = _bound_as_committed(co2["bound_kg"], kg, mooncake_rise, name)
         parts = g.groupby(list(he.SETTING))["share_of_possible_saving"].sum()
-        own = [bound.share_of_possible_saving(sa[st], co2.loc[st, "co2_kg"],
-                                              co2.loc[st, "bound_kg"]) for st in parts.index]
+        own = pd.Series([bound.share_of_possible_saving(sa[st], co2.loc[st, "co2_kg"],
+                                                        co2.loc[st, "bound_kg"])
+                         for st in parts.index], index=parts.index)
+        # where the bound is the committed one, so is the share
+        np.testing.assert_allclose(own[same], of.loc[own.index, "share_of_possible_saving"][same],
+                                   rtol=1e-12)
         clean = g.groupby(list(he.SETTING))["n_sessions_excluded"].first() == 0
         # where no session was left out, the records' comparison is the totals' share
         assert clean.sum() >= 28
@@ -1196,10 +1215,10 @@ def test_the_committed_told_and_gap_tables_follow_from_their_runs(grid):
                 f"memory") in readme
 
 
-PAIR_TOLD_GRIDS = ["full", "fresh"]
+PAIR_GRIDS = ["full", "fresh"]
 
 
-@pytest.mark.parametrize("grid", PAIR_TOLD_GRIDS)
+@pytest.mark.parametrize("grid", PAIR_GRIDS)
 def test_the_default_routers_told_and_gap_tables_follow_from_their_runs(grid):
     # docs/evidence/horizon_told_pair_{grid}_*.csv, horizon_gap_pair_{grid}.csv and
     # horizon_gap_told_pair_{grid}.csv (told.py pair-{grid}, gap.py pair-{grid} [--told]): the
@@ -1311,7 +1330,7 @@ def _returns_spans(grid: str, pre: str = "") -> dict[str, str]:
 def _check_returns_table(grid: str, pre: str, grid_bound: str, mooncake_rise: float) -> None:
     """The checks of docs/evidence/horizon_returns_{pre}{grid}.csv against the committed
     ``grid_bound`` table: the router's and Session-Affinity's CO2 are its to the last digit; the
-    bound is on ShareGPT and at most ``mooncake_rise`` (relative) above it on the Mooncake trace;
+    bound is its bound (:func:`_bound_as_committed`), and so is the share where the bound is;
     by the bound's kinds the router's achieved parts sum to its share of that bound's possible
     saving and achieved + left to 1; both paths number every query; the bound without returns
     lies above the bound and the share against it follows from the CO2s; the router never finds
@@ -1327,14 +1346,16 @@ def _check_returns_table(grid: str, pre: str, grid_bound: str, mooncake_rise: fl
     first = per.first()
     assert (first["co2_kg"] == mine.loc[first.index, "co2_kg"]).all()
     assert (first["session_affinity_kg"] == mine.loc[first.index, "session_affinity_kg"]).all()
-    rise = first["bound_total_kg"] / mine.loc[first.index, "bound_kg"] - 1
-    moon = first.index.get_level_values("dataset") == "mooncake"
-    assert (rise[~moon] == 0).all() and rise[moon].between(0, mooncake_rise).all()
-    own = [bound.share_of_possible_saving(r["session_affinity_kg"], r["co2_kg"],
-                                          r["bound_total_kg"]) for _, r in first.iterrows()]
+    same = _bound_as_committed(first["bound_total_kg"], mine["bound_kg"], mooncake_rise, grid)
+    own = pd.Series([bound.share_of_possible_saving(r["session_affinity_kg"], r["co2_kg"],
+                                                    r["bound_total_kg"])
+                     for _, r in first.iterrows()], index=first.index)
+    # where the bound is the committed one, so is the share
+    np.testing.assert_allclose(own[same], mine.loc[own.index, "share_of_possible_saving"][same],
+                               rtol=1e-12)
     clean = first["n_sessions_excluded"] == 0
     assert clean.sum() >= 28
-    np.testing.assert_allclose(per["achieved"].sum()[clean], np.asarray(own)[clean], rtol=1e-9)
+    np.testing.assert_allclose(per["achieved"].sum()[clean], own[clean], rtol=1e-9)
     np.testing.assert_allclose((per["achieved"].sum() + per["left"].sum()), 1.0, rtol=1e-9)
     assert (per["queries"].sum() == per["router_queries"].sum()).all()
     assert (first["bound_no_return_kg"] > first["bound_total_kg"]).all()
@@ -1356,7 +1377,7 @@ def test_the_committed_returns_tables_follow_from_their_runs(grid):
     _check_returns_table(grid, "", f"horizon_{grid}_bound.csv", mooncake_rise=0.0)
 
 
-@pytest.mark.parametrize("grid", PAIR_TOLD_GRIDS)
+@pytest.mark.parametrize("grid", PAIR_GRIDS)
 def test_the_default_routers_returns_tables_follow_from_their_runs(grid):
     # docs/evidence/horizon_returns_pair_{grid}.csv (returns.py pair-{grid}): the default router's
     # CO2 and Session-Affinity's are the committed pair grid's to the last digit, the bound the

@@ -57,9 +57,17 @@ def pair_slos(grid: str) -> dict[tuple[str, ...], float]:
     horizon_eval.SETTING` values), s: CarbonRouter's P95 TTFT in the committed pair table
     (``horizon_kv_price_pair_{grid}_table.csv``, the summary's value; docs/evidence/kv_price.py),
     as notebook 09 gives it."""
-    t = pd.read_csv(HERE / f"horizon_kv_price_pair_{grid}_table.csv")
-    t = t[t["policy"] == he.TTFT_SLO_FROM]
-    return {tuple(r[k] for k in he.SETTING): float(r["p95_ttft_s"]) for r in t.to_dict("records")}
+    return he.table_slos(pd.read_csv(HERE / f"horizon_kv_price_pair_{grid}_table.csv"))
+
+
+def router_params(st: dict[str, str], slo: dict[tuple[str, ...], float] | None) -> dict:
+    """The router's parameters in setting ``st``: with ``slo`` (:func:`pair_slos`) the default
+    router (the pair) given its SLO there; None: the router before the pair
+    (:data:`carbonrouter_lib.horizon_eval.BEFORE_PAIR`). Shared by gap.py, returns.py and
+    recompute_ceiling.py."""
+    if slo is None:
+        return dict(he.BEFORE_PAIR)
+    return {"ttft_slo_s": slo[tuple(st[k] for k in he.SETTING)]}
 
 
 def one(st: dict[str, str], told: bool = False,
@@ -69,8 +77,7 @@ def one(st: dict[str, str], told: bool = False,
     beside it. ``slo`` (:func:`pair_slos`): the default router (the pair) given its SLO; None:
     the router before the pair."""
     wcfg, scfg = he.setting(st)
-    params = ({"ttft_slo_s": slo[tuple(st[k] for k in he.SETTING)]} if slo is not None
-              else he.BEFORE_PAIR) | (he.TOLD[TOLD_ALL] if told else {})
+    params = router_params(st, slo) | (he.TOLD[TOLD_ALL] if told else {})
     rec = {"session-affinity": sweep.run_one(sweep.RunSpec.make(wcfg, scfg, "session-affinity")),
            he.TARGET: sweep.run_one(sweep.RunSpec.make(wcfg, scfg, he.TARGET, params))}
     paths = bound.ensure_bound(wcfg, scfg)

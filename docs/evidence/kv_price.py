@@ -322,8 +322,7 @@ def main(grid: str) -> None:
         return
     if grid == "pair-reference":  # the pair against the oracle gate, every setting of the full grid
         runs = pair_runs("full", reference=True)
-        t = he.table(sweep.run_sweep(list(runs["spec"])), runs,
-                     designed_on=he.grid_settings("full")[0])
+        t = he.table(sweep.run_sweep(list(runs["spec"])), runs, designed_on=he.DESIGNED_ON_PAIR)
         t = t[t["policy"].isin([*he.REFERENCE, he.TARGET])].reset_index(drop=True)
         save_table(t, "horizon_kv_price_pair_full_reference", HERE, parquet=False)
         print(t[[*he.SETTING, "policy", "co2_rel", "saving_pct", "ci_low_pct", "ci_high_pct"]]

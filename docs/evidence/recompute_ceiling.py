@@ -44,16 +44,19 @@ sys.path.insert(0, str(HERE))
 from returns import over_settings  # noqa: E402  (the per-setting loop)
 
 
-def one(job: tuple[dict[str, str], str], pair: bool = False) -> dict:
+def one(job: tuple[dict[str, str], str],
+        slo: dict[tuple[str, ...], float] | None = None) -> dict:
     """:func:`horizon_eval.caching_ceiling` of the router in setting ``job[0]`` of grid ``job[1]``
     (Session-Affinity's CO2 and the bound the committed ``horizon_{grid}_bound.csv``'s); with
-    ``pair`` of the default router, the pair, given its SLO (:func:`committed`'s)."""
+    ``slo`` (:func:`gap.pair_slos`) of the default router, the pair, given its SLO (CO2 and bound
+    :func:`committed`'s with ``pair``)."""
+    from gap import router_params
+
     st, grid = job
     wcfg, scfg = he.setting(st)
-    key = tuple(st[c] for c in he.SETTING)
-    params = {"ttft_slo_s": float(slo(grid).loc[key])} if pair else he.BEFORE_PAIR
-    kinds = he.by_turn_kind(sweep.run_one(sweep.RunSpec.make(wcfg, scfg, he.TARGET, params)))
-    b = committed(grid, pair).loc[key]
+    kinds = he.by_turn_kind(sweep.run_one(sweep.RunSpec.make(wcfg, scfg, he.TARGET,
+                                                             router_params(st, slo))))
+    b = committed(grid, slo is not None).loc[tuple(st[c] for c in he.SETTING)]
     return st | {"session_affinity_kg": b["session_affinity_kg"], "bound_kg": b["bound_kg"]} | (
         he.caching_ceiling(kinds, b["session_affinity_kg"], b["bound_kg"]))
 
@@ -66,13 +69,6 @@ def committed(grid: str, pair: bool = False) -> pd.DataFrame:
     return b[b["policy"] == he.TARGET].set_index(list(he.SETTING))
 
 
-def slo(grid: str) -> pd.Series:
-    """The pair's SLO per setting: CarbonRouter's P95 TTFT (s) in the committed
-    ``horizon_kv_price_pair_{grid}_table.csv``."""
-    t = pd.read_csv(HERE / f"horizon_kv_price_pair_{grid}_table.csv")
-    return t[t["policy"] == he.TTFT_SLO_FROM].set_index(list(he.SETTING))["p95_ttft_s"]
-
-
 COLUMNS = [*he.SETTING, "co2_kg", "recompute_stay_kg", "recompute_return_kg", "recompute_move_kg",
            "session_affinity_kg", "bound_kg", "share", "share_caches_kept",
            "share_nothing_recomputed", "reaches_70"]
@@ -83,8 +79,10 @@ def main(grid: str) -> None:
 
     pair = grid.startswith("pair-")
     grid = grid.removeprefix("pair-")
-    rows = over_settings(functools.partial(one, pair=pair), grid, "recompute_ceiling.py",
-                         with_grid=True)
+    from gap import pair_slos
+
+    rows = over_settings(functools.partial(one, slo=pair_slos(grid) if pair else None), grid,
+                         "recompute_ceiling.py", with_grid=True)
     t = pd.DataFrame(rows)
     t["reaches_70"] = t["share_caches_kept"] >= 0.7
     t = t[COLUMNS]

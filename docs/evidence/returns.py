@@ -60,11 +60,11 @@ def one(st: dict[str, str], slo: dict[tuple[str, ...], float] | None = None) -> 
     (kg) and the router's share of the latter's possible saving. ``slo``
     (:func:`gap.pair_slos`): the default router (the pair) given its SLO; None: the router before
     the pair."""
+    from gap import router_params
+
     wcfg, scfg = he.setting(st)
-    target = (he.BEFORE_PAIR if slo is None
-              else {"ttft_slo_s": slo[tuple(st[k] for k in he.SETTING)]})
     rec = {p: sweep.run_one(sweep.RunSpec.make(wcfg, scfg, p, params))
-           for p, params in (("session-affinity", {}), (he.TARGET, target))}
+           for p, params in (("session-affinity", {}), (he.TARGET, router_params(st, slo)))}
     paths = bound.ensure_bound(wcfg, scfg)
     no_return = bound.ensure_bound(wcfg, scfg, returns=False)["carbon_g"].sum() / 1e3
     router = rec[he.TARGET]
