@@ -2515,3 +2515,102 @@ def test_the_readme_states_the_default_routers_grid():
     assert (f"it emits less in {int((o['ci_low_pct'] > 0).sum())} of the 32 settings, every CI "
             f"above 0, and ties in {int(((o['ci_low_pct'] <= 0) & (o['ci_high_pct'] >= 0)).sum())}"
             ) in text
+
+
+def _length_sentence(grid: str) -> str:
+    """What the README and docs/model.md state of the pair's horizon J in ``grid``
+    (docs/evidence/horizon_length_pair_{grid}_*.csv), made from those tables."""
+    t = pd.read_csv(EVIDENCE / f"horizon_length_pair_{grid}_table.csv")
+    b = pd.read_csv(EVIDENCE / f"horizon_length_pair_{grid}_bound.csv")
+    hl = _evidence_module("horizon_length")
+    by = list(he.SETTING)
+    best = t[t["policy"].isin(he.ONLINE)].groupby(by)["total_co2_kg"].min()
+    cr = t[t["policy"] == "carbonrouter"].set_index(by)["p95_ttft_s"]
+    lowest, ttft = set(), set()
+    for p in [*hl.LENGTHS, he.TARGET]:
+        g = t[t["policy"] == p].set_index(by)
+        lowest.add(int((g["total_co2_kg"] < best.loc[g.index]).sum()))
+        ttft.add(int((g["p95_ttft_s"] <= cr.loc[g.index]).sum()))
+    paper = (t["dataset"] == "sharegpt") & (t["memory"] == "paper")
+    savings = []
+    for label in hl.LENGTHS:
+        g = t[t["policy"] == label]
+        p = g[paper[g.index]]
+        savings.append(f"{label} {g['saving_pct'].median():+.2f}% ({(g['ci_low_pct'] > 0).sum()} "
+                       f"/ {(g['ci_high_pct'] < 0).sum()}; ShareGPT under the paper's memory rule "
+                       f"{p['saving_pct'].min():+.2f} to {p['saving_pct'].max():+.2f}%)")
+    w = b.pivot_table(index=by, columns="policy", values="share_of_possible_saving")
+    shares = ", ".join(f"{label} {100 * w[label].median():.1f}% ({(w[label] >= 0.70).sum()})"
+                       for label in [*hl.LENGTHS, he.TARGET] if label != he.TARGET)
+    lowest_s, ttft_s = "/".join(map(str, sorted(lowest))), "/".join(map(str, sorted(ttft)))
+    return (f"every J has the lowest CO2 of every online policy in {lowest_s} of 32 settings "
+            f"(point estimates) and a P95 TTFT at most CarbonRouter's in {ttft_s} of 32; the "
+            f"default's saving over each J, median (settings with its CI above 0 / below 0): "
+            f"{'; '.join(savings)}; share of the bound's possible saving, median (settings "
+            f"≥ 70%): {shares}, the default {100 * w[he.TARGET].median():.1f}% "
+            f"({(w[he.TARGET] >= 0.70).sum()})")
+
+
+def _length_claim() -> str:
+    """What docs/model.md and the README state of J = 1 against the default over both grids
+    (docs/evidence/horizon_length_pair_{full,fresh}_table.csv)."""
+    t = pd.concat([pd.read_csv(EVIDENCE / f"horizon_length_pair_{g}_table.csv")
+                   for g in ("full", "fresh")])
+    one = t[t["policy"] == "J = 1"]
+    paper = one[(one["dataset"] == "sharegpt") & (one["memory"] == "paper")]
+    moon = one[(one["dataset"] == "mooncake") & (one["memory"] == "paper")]
+    less = paper[paper["ci_high_pct"] < 0]
+    more = moon[moon["ci_low_pct"] > 0]
+    ample = t[t["policy"].str.startswith("J = ") & (t["memory"] == "paper x10")]
+    return (f"J = 1 emits less than J = 16 on ShareGPT under the paper's memory rule in "
+            f"{len(less)} of {len(paper)} settings of the two grids "
+            f"({-paper['saving_pct'].max():.1f}–{-paper['saving_pct'].min():.1f}% less), and more "
+            f"on the Mooncake trace under that rule in {len(more)} of {len(moon)} (up to "
+            f"{moon['saving_pct'].max():.1f}%); with ample memory every J is within "
+            f"{ample['saving_pct'].abs().max():.1f}% of J = 16")
+
+
+@pytest.mark.parametrize("grid", ["full", "fresh"])
+def test_the_committed_horizon_length_tables_follow_from_their_runs(grid):
+    # docs/evidence/horizon_length_pair_{grid}_*.csv (horizon_length.py): the router's and every
+    # online policy's runs are the committed pair grid's to the last digit (CO2 and P95 TTFT);
+    # each J's saving is the default's over it (from the CO2 totals) inside its CI; the shares
+    # follow from the committed bounds; the README and docs/model.md state the tables.
+    from carbonrouter_lib import bound
+
+    hl = _evidence_module("horizon_length")
+    assert [hl.label_horizon(label) for label in hl.LENGTHS] == [1, 4, 8, 12, 24]
+    assert hl.label_horizon(he.TARGET) == 16 == inspect.signature(
+        __import__("carbonrouter_lib.policies", fromlist=["HorizonRouter"]).HorizonRouter
+    ).parameters["horizon"].default
+    grid_t = pd.read_csv(EVIDENCE / f"horizon_kv_price_pair_{grid}_table.csv")
+    t = pd.read_csv(EVIDENCE / f"horizon_length_pair_{grid}_table.csv")
+    key = [*he.SETTING, "policy"]
+    assert set(t["policy"]) == {*he.ONLINE, he.TARGET, *hl.LENGTHS} and len(t) == 32 * 12
+    mine = t.merge(grid_t, on=key, suffixes=("", "_grid"))
+    assert set(mine["policy"]) == {*he.ONLINE, he.TARGET} and len(mine) == 32 * 7
+    assert (mine["total_co2_kg"] == mine["total_co2_kg_grid"]).all()
+    assert (mine["p95_ttft_s"] == mine["p95_ttft_s_grid"]).all()
+    router = t[t["policy"] == he.TARGET].set_index(list(he.SETTING))["total_co2_kg"]
+    v = t[t["policy"].isin(list(hl.LENGTHS))].set_index(list(he.SETTING))
+    np.testing.assert_allclose(v["saving_pct"], 100 * (1 - router.loc[v.index] / v["total_co2_kg"]),
+                               rtol=1e-9)
+    assert ((v["ci_low_pct"] <= v["saving_pct"]) & (v["saving_pct"] <= v["ci_high_pct"])).all()
+    b = pd.read_csv(EVIDENCE / f"horizon_length_pair_{grid}_bound.csv")
+    kg = pd.read_csv(EVIDENCE / f"horizon_{grid}_bound.csv").groupby(
+        list(he.SETTING))["bound_kg"].first()
+    assert not b["held_out"].any() and len(b) == 32 * 12
+    co2 = t.set_index(key)["total_co2_kg"]
+    for row in b.itertuples(index=False):
+        st = tuple(getattr(row, k) for k in he.SETTING)
+        assert row.bound_kg == kg[st] and row.co2_kg == co2[(*st, row.policy)]
+        assert row.share_of_possible_saving == pytest.approx(bound.share_of_possible_saving(
+            row.session_affinity_kg, row.co2_kg, row.bound_kg), rel=1e-12)
+    # docs/model.md: no J moves the median share by a point
+    w = b.pivot_table(index=list(he.SETTING), columns="policy", values="share_of_possible_saving")
+    assert all(abs(w[label].median() - w[he.TARGET].median()) < 0.01 for label in hl.LENGTHS)
+    name = {"full": "the full grid", "fresh": "the fresh weeks"}[grid]
+    sentence = f"{name}: {_length_sentence(grid)}"
+    assert sentence in _readme_text()
+    for text in (_readme_text(), _model_text()):
+        assert _length_claim() in text

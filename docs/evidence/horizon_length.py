@@ -1,0 +1,118 @@
+"""How the default router (the pair, docs/model.md §11.4a) moves with its horizon J, the number of
+future turns it prices (``HorizonRouter(horizon=J)``; the default J = 16 was chosen on the tuned
+setting alone): the pair with J = 1, 4, 8, 12 and 24 beside its own J = 16 and every online
+policy, on notebook 09's full grid or fresh weeks, in notebook 09's two phases (the router and
+each J given CarbonRouter's P95 TTFT as its SLO): ``horizon_length_pair_{grid}_table.csv``
+(:func:`carbonrouter_lib.horizon_eval.table`: each run's Table-1 quantities and the default's
+saving over each J with its paired 95% CI over conversations: positive where J = 16 emits less)
+and ``horizon_length_pair_{grid}_bound.csv`` (each J's share of the bound's possible saving over
+Session-Affinity, the bound the committed ``horizon_{grid}_bound.csv``'s).
+
+Why. J = 16 was one of the defaults tuned on one setting (``horizon_eval.TUNED``), before the
+pair, whose design looked at every setting of both grids (none is held-out for it:
+:data:`carbonrouter_lib.horizon_eval.DESIGNED_ON_PAIR`). A headline that hinges on a setting
+nobody chose should show how it moves with it. Two questions: does the router need its 16
+turns (is the CO2 the same with fewer), and would more turns close the gap to the 70% target?
+Each J's horizon model (the survival S_k(j) of its J turns) is fitted as the default's is, on
+the replayed workload's training conversations. Nothing here was tuned: the tables report every
+J.
+
+The router's own runs give the committed ``horizon_kv_price_pair_{grid}_table.csv`` CO2 to the
+last digit (checked below). About 10 minutes a grid on two cores. ``scale``
+(``horizon_length_pair_scale_table.csv``): J = 1 and 4 beside the default across notebook 09's
+full scale sweep, held-out for the pair (``kv_price.py pair-scale``'s runs). Run from the
+repository root: ``.venv/bin/python docs/evidence/horizon_length.py full|fresh|scale``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from carbonrouter_lib import horizon_eval as he
+from carbonrouter_lib import sweep
+from carbonrouter_lib.outputs import save_table
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from slot_credit import bound_shares  # noqa: E402  (the variant grids' shares)
+from told import pair_runs  # noqa: E402  (the pair's two phases)
+
+#: The horizons beside the default's J = 16: label → HorizonRouter parameters over the pair's.
+LENGTHS: dict[str, dict[str, int]] = {f"J = {j}": {"horizon": j} for j in (1, 4, 8, 12, 24)}
+#: Those of the scale sweep (held-out for the pair; its longest replays are 8M queries).
+SCALE_LENGTHS: dict[str, dict[str, int]] = {k: LENGTHS[k] for k in ("J = 1", "J = 4")}
+
+
+def label_horizon(label: str) -> int:
+    """The J of a policy label of these tables (:data:`LENGTHS`' or the router's, 16)."""
+    return 16 if label == he.TARGET else LENGTHS[label]["horizon"]
+
+
+def scale_runs(lengths=SCALE_LENGTHS) -> pd.DataFrame:
+    """Notebook 09's full scale sweep in its two phases (``kv_price.py pair-scale``'s runs: the
+    router given CarbonRouter's P95 TTFT at the same :data:`~carbonrouter_lib.horizon_eval.
+    SCALE_BY` setting), and the router with each of ``lengths`` (label → parameters) given the
+    same SLO."""
+    first = he.scale_grid("full", target_params=he.BEFORE_PAIR)
+    slo = he.ttft_slos(sweep.run_sweep(list(first["spec"])), first, by=he.SCALE_BY)
+    runs = [he.scale_grid("full", ttft_slo=slo)]
+    for label, params in lengths.items():
+        r = he.scale_grid("full", ttft_slo=slo, target_params=params)
+        runs.append(r[r["policy"] == he.TARGET].assign(policy=label))
+    return pd.concat(runs, ignore_index=True)
+
+
+def scale(lengths=SCALE_LENGTHS) -> None:
+    """``scale``: :func:`scale_runs` → ``horizon_length_pair_scale_table.csv``
+    (:func:`carbonrouter_lib.horizon_eval.scale_table`: the default's saving over each J with its
+    CI), checked against the committed ``horizon_kv_price_pair_scale_table.csv``."""
+    r = scale_runs(lengths)
+    t = he.scale_table(sweep.run_sweep(list(r["spec"])), r)
+    committed = pd.read_csv(HERE / "horizon_kv_price_pair_scale_table.csv")
+    by = list(he.SCALE_BY)
+    mine = t[t["policy"] == he.TARGET].merge(
+        committed[committed["policy"] == he.TARGET], on=by, suffixes=("", "_c"))
+    drift = float(np.max(np.abs(mine["total_co2_kg"] / mine["total_co2_kg_c"] - 1)))
+    print(f"the router's CO2 against the committed table: largest relative difference {drift:.2e}")
+    save_table(t, "horizon_length_pair_scale_table", HERE, parquet=False)
+    v = t[t["policy"].isin(list(lengths))]
+    print(v[[*by, "policy", "saving_pct", "ci_low_pct", "ci_high_pct"]].round(2).to_string())
+
+
+def main(grid: str) -> None:
+    if grid == "scale":
+        return scale()
+    if grid not in ("full", "fresh"):
+        raise SystemExit(f"horizon_length.py: grid must be 'full', 'fresh' or 'scale', "
+                         f"got {grid!r}")
+    settings = he.grid_settings(grid)[0]
+    r = pair_runs(settings, variants=LENGTHS, online=he.ONLINE)
+    t = he.table(sweep.run_sweep(list(r["spec"])), r, designed_on=he.DESIGNED_ON_PAIR)
+    committed = pd.read_csv(HERE / f"horizon_kv_price_pair_{grid}_table.csv")
+    mine = t[t["policy"] == he.TARGET].merge(
+        committed[committed["policy"] == he.TARGET], on=list(he.SETTING), suffixes=("", "_c"))
+    drift = float(np.max(np.abs(mine["total_co2_kg"] / mine["total_co2_kg_c"] - 1)))
+    print(f"the router's CO2 against the committed table: largest relative difference {drift:.2e}")
+    s = bound_shares(t, pd.read_csv(HERE / f"horizon_{grid}_bound.csv"),
+                     designed_on=he.DESIGNED_ON_PAIR, policies=(*he.ONLINE, he.TARGET, *LENGTHS))
+    name = f"horizon_length_pair_{grid}"
+    save_table(t, f"{name}_table", HERE, parquet=False)
+    save_table(s, f"{name}_bound", HERE, parquet=False)
+    wide = s.pivot_table(index=list(he.SETTING), columns="policy", sort=False,
+                         values="share_of_possible_saving")[[*LENGTHS, he.TARGET]]
+    print(wide.round(3).to_string())
+    print(wide.groupby(level=["dataset", "memory"]).median().round(3).to_string())
+    print("≥ 0.70:", (wide >= 0.70).sum().to_dict())
+    v = t[t["policy"].isin(list(LENGTHS))]
+    print("the default's saving over each J, %: median, CI above 0, CI below 0")
+    for label, g in v.groupby("policy", sort=False):
+        print(f"  {label}: {g['saving_pct'].median():+.2f}, {(g['ci_low_pct'] > 0).sum()}, "
+              f"{(g['ci_high_pct'] < 0).sum()} of {len(g)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "full")
