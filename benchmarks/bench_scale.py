@@ -38,6 +38,9 @@ VARIANTS = {
     # price prices and ν moves; and the router before the pair
     "carbonrouter-horizon (0.5-s TTFT SLO)": ("carbonrouter-horizon", {"ttft_slo_s": 0.5}),
     "carbonrouter-horizon (before the pair)": ("carbonrouter-horizon", {"kv_price": False}),
+    # the default with a shorter horizon: how much of its extra time is the J future turns
+    "carbonrouter-horizon (J = 4)": ("carbonrouter-horizon", {"horizon": 4}),
+    "carbonrouter-horizon (J = 1)": ("carbonrouter-horizon", {"horizon": 1}),
 }
 
 
