@@ -2614,3 +2614,48 @@ def test_the_committed_horizon_length_tables_follow_from_their_runs(grid):
     assert sentence in _readme_text()
     for text in (_readme_text(), _model_text()):
         assert _length_claim() in text
+
+
+def _length_scale_sentence() -> str:
+    """What the README and docs/model.md state of J = 1 and 4 across the scale sweep
+    (docs/evidence/horizon_length_pair_scale_table.csv), made from that table."""
+    t = pd.read_csv(EVIDENCE / "horizon_length_pair_scale_table.csv")
+    by = list(he.SCALE_BY)
+    best = t[t["policy"].isin(he.ONLINE)].groupby(by)["total_co2_kg"].min()
+    cr = t[t["policy"] == "carbonrouter"].set_index(by)["p95_ttft_s"]
+    parts, lowest, ttft = [], [], []
+    for label in ("J = 1", "J = 4", he.TARGET):
+        g = t[t["policy"] == label].set_index(by)
+        lowest.append(str(int((g["total_co2_kg"] < best.loc[g.index]).sum())))
+        ttft.append(str(int((g["p95_ttft_s"] <= cr.loc[g.index]).sum())))
+        if label != he.TARGET:
+            parts.append(f"{label} emits less than J = 16 in {(g['ci_high_pct'] < 0).sum()} of 16 "
+                         f"settings and more in {(g['ci_low_pct'] > 0).sum()} (the default's "
+                         f"saving over it {g['saving_pct'].min():+.1f} to "
+                         f"{g['saving_pct'].max():+.1f}%)")
+    return (f"{'; '.join(parts)}; the lowest CO2 of every online policy (point estimates) in "
+            f"{' / '.join(lowest)} of 16 for J = 1 / 4 / 16, a P95 TTFT at most CarbonRouter's in "
+            f"{' / '.join(ttft)}")
+
+
+def test_the_committed_horizon_length_scale_table_follows_from_its_runs():
+    # docs/evidence/horizon_length_pair_scale_table.csv (horizon_length.py scale): the router's and
+    # every online policy's runs are the committed pair scale table's to the last digit; each J's
+    # saving is the default's over it; the README and docs/model.md state the table.
+    hl = _evidence_module("horizon_length")
+    assert list(hl.SCALE_LENGTHS) == ["J = 1", "J = 4"]
+    committed = pd.read_csv(EVIDENCE / "horizon_kv_price_pair_scale_table.csv")
+    t = pd.read_csv(EVIDENCE / "horizon_length_pair_scale_table.csv")
+    key = [*he.SCALE_BY, "policy"]
+    assert set(t["policy"]) == {*he.ONLINE, he.TARGET, *hl.SCALE_LENGTHS} and len(t) == 16 * 9
+    mine = t.merge(committed, on=key, suffixes=("", "_c"))
+    assert set(mine["policy"]) == {*he.ONLINE, he.TARGET} and len(mine) == 16 * 7
+    assert (mine["total_co2_kg"] == mine["total_co2_kg_c"]).all()
+    assert (mine["p95_ttft_s"] == mine["p95_ttft_s_c"]).all()
+    router = t[t["policy"] == he.TARGET].set_index(list(he.SCALE_BY))["total_co2_kg"]
+    v = t[t["policy"].isin(list(hl.SCALE_LENGTHS))].set_index(list(he.SCALE_BY))
+    np.testing.assert_allclose(v["saving_pct"], 100 * (1 - router.loc[v.index] / v["total_co2_kg"]),
+                               rtol=1e-9)
+    sentence = _length_scale_sentence()
+    assert f"the scale sweep (held-out): {sentence}" in _readme_text()
+    assert sentence in _model_text()
