@@ -2659,3 +2659,51 @@ def test_the_committed_horizon_length_scale_table_follows_from_its_runs():
     sentence = _length_scale_sentence()
     assert f"the scale sweep (held-out): {sentence}" in _readme_text()
     assert sentence in _model_text()
+
+
+def _length_verdicts(name: str) -> str:
+    """What the README states of the verdicts per J in docs/evidence/
+    horizon_length_pair_{name}_verdicts.csv (``name``: full, fresh or scale)."""
+    v = pd.read_csv(EVIDENCE / f"horizon_length_pair_{name}_verdicts.csv")
+    n = v.groupby("horizon")["lowest_co2"].value_counts().unstack(fill_value=0)
+    per = ", ".join(f"J = {j} {n.loc[j].get('holds', 0)}/{n.loc[j].get('tie', 0)}/"
+                    f"{n.loc[j].get('fails', 0)}" for j in n.index)
+    return f"with paired CIs the lowest CO2 holds / ties / fails in {per}"
+
+
+@pytest.mark.parametrize("name", ["full", "fresh", "scale"])
+def test_the_committed_horizon_length_verdicts_follow_from_their_tables(name):
+    # docs/evidence/horizon_length_pair_{name}_verdicts.csv (horizon_length.py): J = 16's verdicts
+    # are the committed pair verdicts to the last digit; every J's CO2 and P95 TTFT are its runs'
+    # in the J table; a verdict follows from its CI; the README states the counts.
+    hl = _evidence_module("horizon_length")
+    by = list(he.SCALE_BY if name == "scale" else he.SETTING)
+    v = pd.read_csv(EVIDENCE / f"horizon_length_pair_{name}_verdicts.csv")
+    lengths = hl.SCALE_LENGTHS if name == "scale" else hl.LENGTHS
+    assert sorted(set(v["horizon"])) == sorted([16, *(hl.label_horizon(x) for x in lengths)])
+    committed = pd.read_csv(EVIDENCE / f"horizon_kv_price_pair_{name}_verdicts.csv")
+    mine = v[v["horizon"] == 16].merge(committed, on=by, suffixes=("", "_c"))
+    assert len(mine) == len(committed) == (16 if name == "scale" else 32)
+    for col in ("co2_rel", "saving_vs_best_pct", "ci_low_pct", "ci_high_pct", "lowest_co2",
+                "best_other", "p95_ttft_s"):
+        assert (mine[col] == mine[f"{col}_c"]).all(), col
+    # quality to 12 digits: it differs from the committed verdicts' in the 13th
+    np.testing.assert_allclose(mine["quality_rel"], mine["quality_rel_c"], rtol=1e-12)
+    t = pd.read_csv(EVIDENCE / f"horizon_length_pair_{name}_table.csv")
+    t = t.assign(horizon=[hl.label_horizon(p) if p == he.TARGET or p in lengths else -1
+                          for p in t["policy"]])
+    runs = v.merge(t[t["horizon"] > 0], on=[*by, "horizon"], suffixes=("", "_t"))
+    assert len(runs) == len(v)
+    assert (runs["co2_rel"] == runs["co2_rel_t"]).all()
+    assert (runs["p95_ttft_s"] == runs["p95_ttft_s_t"]).all()
+    expect = np.where(v["ci_low_pct"] > 0, "holds", np.where(v["ci_high_pct"] < 0, "fails", "tie"))
+    assert (v["lowest_co2"] == expect).all()
+    assert _length_verdicts(name) in _readme_text()
+    # over the 80 settings of the three sets, J = 1 against J = 16 (README, docs/model.md)
+    every = pd.concat([pd.read_csv(EVIDENCE / f"horizon_length_pair_{n}_verdicts.csv")
+                       for n in ("full", "fresh", "scale")])
+    n = every[every["horizon"].isin([1, 16])].groupby("horizon")["lowest_co2"].value_counts()
+    assert n.get((1, "fails"), 0) == n.get((16, "fails"), 0) == 0
+    totals = (f"J = 1 holds in {n[(1, 'holds')]} of the 80 settings and ties in {n[(1, 'tie')]}, "
+              f"J = 16 in {n[(16, 'holds')]} and {n[(16, 'tie')]}")
+    assert totals in _readme_text() and totals in _model_text()

@@ -4,9 +4,12 @@ setting alone): the pair with J = 1, 4, 8, 12 and 24 beside its own J = 16 and e
 policy, on notebook 09's full grid or fresh weeks, in notebook 09's two phases (the router and
 each J given CarbonRouter's P95 TTFT as its SLO): ``horizon_length_pair_{grid}_table.csv``
 (:func:`carbonrouter_lib.horizon_eval.table`: each run's Table-1 quantities and the default's
-saving over each J with its paired 95% CI over conversations: positive where J = 16 emits less)
-and ``horizon_length_pair_{grid}_bound.csv`` (each J's share of the bound's possible saving over
-Session-Affinity, the bound the committed ``horizon_{grid}_bound.csv``'s).
+saving over each J with its paired 95% CI over conversations: positive where J = 16 emits less),
+``horizon_length_pair_{grid}_bound.csv`` (each J's share of the bound's possible saving over
+Session-Affinity, the bound the committed ``horizon_{grid}_bound.csv``'s) and
+``horizon_length_pair_{grid}_verdicts.csv`` (:func:`length_verdicts`: per J, with that J as the
+router, the targets of notebook 09's verdicts: the lowest CO2 of the online policies with a paired
+CI against the best other, P95 TTFT, quality).
 
 Why. J = 16 was one of the defaults tuned on one setting (``horizon_eval.TUNED``), before the
 pair, whose design looked at every setting of both grids (none is held-out for it:
@@ -19,13 +22,14 @@ J.
 
 The router's own runs give the committed ``horizon_kv_price_pair_{grid}_table.csv`` CO2 to the
 last digit (checked below). About 10 minutes a grid on two cores. ``scale``
-(``horizon_length_pair_scale_table.csv``): J = 1 and 4 beside the default across notebook 09's
-full scale sweep, held-out for the pair (``kv_price.py pair-scale``'s runs). Run from the
-repository root: ``.venv/bin/python docs/evidence/horizon_length.py full|fresh|scale``.
+(``horizon_length_pair_scale_{table,verdicts}.csv``): J = 1 and 4 beside the default across
+notebook 09's full scale sweep, held-out for the pair (``kv_price.py pair-scale``'s runs). Run
+from the repository root: ``.venv/bin/python docs/evidence/horizon_length.py full|fresh|scale``.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -52,6 +56,21 @@ def label_horizon(label: str) -> int:
     return 16 if label == he.TARGET else LENGTHS[label]["horizon"]
 
 
+def length_verdicts(results, runs: pd.DataFrame, lengths, table_fn,
+                    by=he.SETTING) -> pd.DataFrame:
+    """Per J (the router's 16 and each of ``lengths``) and setting, the targets with that J as
+    the router (:func:`carbonrouter_lib.horizon_eval.verdicts`: the lowest CO2 of the online
+    policies against the best other with its paired CI, P95 TTFT, quality), from ``runs`` and
+    their ``results``; ``table_fn(results, runs)`` makes the table (:func:`horizon_eval.table`
+    or :func:`horizon_eval.scale_table`). Column ``horizon``: J."""
+    out = []
+    for label in (he.TARGET, *lengths):
+        keep = runs[runs["policy"].isin(he.ONLINE) | (runs["policy"] == label)]
+        t = table_fn(results, keep.assign(policy=keep["policy"].replace(label, he.TARGET)))
+        out.append(he.verdicts(t, by).assign(horizon=label_horizon(label)))
+    return pd.concat(out, ignore_index=True)
+
+
 def scale_runs(lengths=SCALE_LENGTHS) -> pd.DataFrame:
     """Notebook 09's full scale sweep in its two phases (``kv_price.py pair-scale``'s runs: the
     router given CarbonRouter's P95 TTFT at the same :data:`~carbonrouter_lib.horizon_eval.
@@ -71,7 +90,8 @@ def scale(lengths=SCALE_LENGTHS) -> None:
     (:func:`carbonrouter_lib.horizon_eval.scale_table`: the default's saving over each J with its
     CI), checked against the committed ``horizon_kv_price_pair_scale_table.csv``."""
     r = scale_runs(lengths)
-    t = he.scale_table(sweep.run_sweep(list(r["spec"])), r)
+    results = sweep.run_sweep(list(r["spec"]))
+    t = he.scale_table(results, r)
     committed = pd.read_csv(HERE / "horizon_kv_price_pair_scale_table.csv")
     by = list(he.SCALE_BY)
     mine = t[t["policy"] == he.TARGET].merge(
@@ -79,6 +99,9 @@ def scale(lengths=SCALE_LENGTHS) -> None:
     drift = float(np.max(np.abs(mine["total_co2_kg"] / mine["total_co2_kg_c"] - 1)))
     print(f"the router's CO2 against the committed table: largest relative difference {drift:.2e}")
     save_table(t, "horizon_length_pair_scale_table", HERE, parquet=False)
+    v = length_verdicts(results, r, lengths, he.scale_table, he.SCALE_BY)
+    save_table(v, "horizon_length_pair_scale_verdicts", HERE, parquet=False)
+    print(v.groupby("horizon")["lowest_co2"].value_counts().unstack(fill_value=0).to_string())
     v = t[t["policy"].isin(list(lengths))]
     print(v[[*by, "policy", "saving_pct", "ci_low_pct", "ci_high_pct"]].round(2).to_string())
 
@@ -91,7 +114,8 @@ def main(grid: str) -> None:
                          f"got {grid!r}")
     settings = he.grid_settings(grid)[0]
     r = pair_runs(settings, variants=LENGTHS, online=he.ONLINE)
-    t = he.table(sweep.run_sweep(list(r["spec"])), r, designed_on=he.DESIGNED_ON_PAIR)
+    results = sweep.run_sweep(list(r["spec"]))
+    t = he.table(results, r, designed_on=he.DESIGNED_ON_PAIR)
     committed = pd.read_csv(HERE / f"horizon_kv_price_pair_{grid}_table.csv")
     mine = t[t["policy"] == he.TARGET].merge(
         committed[committed["policy"] == he.TARGET], on=list(he.SETTING), suffixes=("", "_c"))
@@ -102,6 +126,11 @@ def main(grid: str) -> None:
     name = f"horizon_length_pair_{grid}"
     save_table(t, f"{name}_table", HERE, parquet=False)
     save_table(s, f"{name}_bound", HERE, parquet=False)
+    verdicts = length_verdicts(results, r, LENGTHS, functools.partial(
+        he.table, designed_on=he.DESIGNED_ON_PAIR))
+    save_table(verdicts, f"{name}_verdicts", HERE, parquet=False)
+    print(verdicts.groupby("horizon")["lowest_co2"].value_counts().unstack(fill_value=0)
+          .to_string())
     wide = s.pivot_table(index=list(he.SETTING), columns="policy", sort=False,
                          values="share_of_possible_saving")[[*LENGTHS, he.TARGET]]
     print(wide.round(3).to_string())
