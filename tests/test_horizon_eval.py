@@ -2570,6 +2570,28 @@ def _length_claim() -> str:
             f"{ample['saving_pct'].abs().max():.1f}% of J = 16")
 
 
+def _check_length_table(name: str, lengths, by, n: int) -> pd.DataFrame:
+    """The checks of docs/evidence/horizon_length_pair_{name}_table.csv (``n`` settings, told
+    apart by the columns ``by``; the J's ``lengths``): the router's and every online policy's runs
+    are the committed pair table's to the last digit (CO2 and P95 TTFT); each J's saving is the
+    default's over it (from the CO2 totals) inside its CI. Returns the table."""
+    committed = pd.read_csv(EVIDENCE / f"horizon_kv_price_pair_{name}_table.csv")
+    t = pd.read_csv(EVIDENCE / f"horizon_length_pair_{name}_table.csv")
+    ours = len(he.ONLINE) + 1
+    assert set(t["policy"]) == {*he.ONLINE, he.TARGET, *lengths}
+    assert len(t) == n * (ours + len(lengths))
+    mine = t.merge(committed, on=[*by, "policy"], suffixes=("", "_c"))
+    assert set(mine["policy"]) == {*he.ONLINE, he.TARGET} and len(mine) == n * ours
+    assert (mine["total_co2_kg"] == mine["total_co2_kg_c"]).all()
+    assert (mine["p95_ttft_s"] == mine["p95_ttft_s_c"]).all()
+    router = t[t["policy"] == he.TARGET].set_index(list(by))["total_co2_kg"]
+    v = t[t["policy"].isin(list(lengths))].set_index(list(by))
+    np.testing.assert_allclose(v["saving_pct"], 100 * (1 - router.loc[v.index] / v["total_co2_kg"]),
+                               rtol=1e-9)
+    assert ((v["ci_low_pct"] <= v["saving_pct"]) & (v["saving_pct"] <= v["ci_high_pct"])).all()
+    return t
+
+
 @pytest.mark.parametrize("grid", ["full", "fresh"])
 def test_the_committed_horizon_length_tables_follow_from_their_runs(grid):
     # docs/evidence/horizon_length_pair_{grid}_*.csv (horizon_length.py): the router's and every
@@ -2577,25 +2599,14 @@ def test_the_committed_horizon_length_tables_follow_from_their_runs(grid):
     # each J's saving is the default's over it (from the CO2 totals) inside its CI; the shares
     # follow from the committed bounds; the README and docs/model.md state the tables.
     from carbonrouter_lib import bound
+    from carbonrouter_lib.policies import HorizonRouter
 
     hl = _evidence_module("horizon_length")
     assert [hl.label_horizon(label) for label in hl.LENGTHS] == [1, 4, 8, 12, 24]
-    assert hl.label_horizon(he.TARGET) == 16 == inspect.signature(
-        __import__("carbonrouter_lib.policies", fromlist=["HorizonRouter"]).HorizonRouter
-    ).parameters["horizon"].default
-    grid_t = pd.read_csv(EVIDENCE / f"horizon_kv_price_pair_{grid}_table.csv")
-    t = pd.read_csv(EVIDENCE / f"horizon_length_pair_{grid}_table.csv")
+    horizon = inspect.signature(HorizonRouter).parameters["horizon"].default
+    assert hl.label_horizon(he.TARGET) == horizon == 16
+    t = _check_length_table(grid, hl.LENGTHS, he.SETTING, 32)
     key = [*he.SETTING, "policy"]
-    assert set(t["policy"]) == {*he.ONLINE, he.TARGET, *hl.LENGTHS} and len(t) == 32 * 12
-    mine = t.merge(grid_t, on=key, suffixes=("", "_grid"))
-    assert set(mine["policy"]) == {*he.ONLINE, he.TARGET} and len(mine) == 32 * 7
-    assert (mine["total_co2_kg"] == mine["total_co2_kg_grid"]).all()
-    assert (mine["p95_ttft_s"] == mine["p95_ttft_s_grid"]).all()
-    router = t[t["policy"] == he.TARGET].set_index(list(he.SETTING))["total_co2_kg"]
-    v = t[t["policy"].isin(list(hl.LENGTHS))].set_index(list(he.SETTING))
-    np.testing.assert_allclose(v["saving_pct"], 100 * (1 - router.loc[v.index] / v["total_co2_kg"]),
-                               rtol=1e-9)
-    assert ((v["ci_low_pct"] <= v["saving_pct"]) & (v["saving_pct"] <= v["ci_high_pct"])).all()
     b = pd.read_csv(EVIDENCE / f"horizon_length_pair_{grid}_bound.csv")
     kg = pd.read_csv(EVIDENCE / f"horizon_{grid}_bound.csv").groupby(
         list(he.SETTING))["bound_kg"].first()
@@ -2644,18 +2655,7 @@ def test_the_committed_horizon_length_scale_table_follows_from_its_runs():
     # saving is the default's over it; the README and docs/model.md state the table.
     hl = _evidence_module("horizon_length")
     assert list(hl.SCALE_LENGTHS) == ["J = 1", "J = 4"]
-    committed = pd.read_csv(EVIDENCE / "horizon_kv_price_pair_scale_table.csv")
-    t = pd.read_csv(EVIDENCE / "horizon_length_pair_scale_table.csv")
-    key = [*he.SCALE_BY, "policy"]
-    assert set(t["policy"]) == {*he.ONLINE, he.TARGET, *hl.SCALE_LENGTHS} and len(t) == 16 * 9
-    mine = t.merge(committed, on=key, suffixes=("", "_c"))
-    assert set(mine["policy"]) == {*he.ONLINE, he.TARGET} and len(mine) == 16 * 7
-    assert (mine["total_co2_kg"] == mine["total_co2_kg_c"]).all()
-    assert (mine["p95_ttft_s"] == mine["p95_ttft_s_c"]).all()
-    router = t[t["policy"] == he.TARGET].set_index(list(he.SCALE_BY))["total_co2_kg"]
-    v = t[t["policy"].isin(list(hl.SCALE_LENGTHS))].set_index(list(he.SCALE_BY))
-    np.testing.assert_allclose(v["saving_pct"], 100 * (1 - router.loc[v.index] / v["total_co2_kg"]),
-                               rtol=1e-9)
+    _check_length_table("scale", hl.SCALE_LENGTHS, he.SCALE_BY, 16)
     sentence = _length_scale_sentence()
     assert f"the scale sweep (held-out): {sentence}" in _readme_text()
     assert sentence in _model_text()

@@ -56,6 +56,16 @@ def label_horizon(label: str) -> int:
     return 16 if label == he.TARGET else LENGTHS[label]["horizon"]
 
 
+def print_drift(t: pd.DataFrame, committed: str, by) -> None:
+    """Prints the largest relative difference of the router's CO2 in table ``t`` from the
+    committed table ``committed`` (a file here), per setting (the columns ``by``)."""
+    c = pd.read_csv(HERE / committed)
+    mine = t[t["policy"] == he.TARGET].merge(c[c["policy"] == he.TARGET], on=list(by),
+                                             suffixes=("", "_c"))
+    drift = float(np.max(np.abs(mine["total_co2_kg"] / mine["total_co2_kg_c"] - 1)))
+    print(f"the router's CO2 against {committed}: largest relative difference {drift:.2e}")
+
+
 def length_verdicts(results, runs: pd.DataFrame, lengths, table_fn,
                     by=he.SETTING) -> pd.DataFrame:
     """Per J (the router's 16 and each of ``lengths``) and setting, the targets with that J as
@@ -92,12 +102,8 @@ def scale(lengths=SCALE_LENGTHS) -> None:
     r = scale_runs(lengths)
     results = sweep.run_sweep(list(r["spec"]))
     t = he.scale_table(results, r)
-    committed = pd.read_csv(HERE / "horizon_kv_price_pair_scale_table.csv")
     by = list(he.SCALE_BY)
-    mine = t[t["policy"] == he.TARGET].merge(
-        committed[committed["policy"] == he.TARGET], on=by, suffixes=("", "_c"))
-    drift = float(np.max(np.abs(mine["total_co2_kg"] / mine["total_co2_kg_c"] - 1)))
-    print(f"the router's CO2 against the committed table: largest relative difference {drift:.2e}")
+    print_drift(t, "horizon_kv_price_pair_scale_table.csv", by)
     save_table(t, "horizon_length_pair_scale_table", HERE, parquet=False)
     v = length_verdicts(results, r, lengths, he.scale_table, he.SCALE_BY)
     save_table(v, "horizon_length_pair_scale_verdicts", HERE, parquet=False)
@@ -116,11 +122,7 @@ def main(grid: str) -> None:
     r = pair_runs(settings, variants=LENGTHS, online=he.ONLINE)
     results = sweep.run_sweep(list(r["spec"]))
     t = he.table(results, r, designed_on=he.DESIGNED_ON_PAIR)
-    committed = pd.read_csv(HERE / f"horizon_kv_price_pair_{grid}_table.csv")
-    mine = t[t["policy"] == he.TARGET].merge(
-        committed[committed["policy"] == he.TARGET], on=list(he.SETTING), suffixes=("", "_c"))
-    drift = float(np.max(np.abs(mine["total_co2_kg"] / mine["total_co2_kg_c"] - 1)))
-    print(f"the router's CO2 against the committed table: largest relative difference {drift:.2e}")
+    print_drift(t, f"horizon_kv_price_pair_{grid}_table.csv", he.SETTING)
     s = bound_shares(t, pd.read_csv(HERE / f"horizon_{grid}_bound.csv"),
                      designed_on=he.DESIGNED_ON_PAIR, policies=(*he.ONLINE, he.TARGET, *LENGTHS))
     name = f"horizon_length_pair_{grid}"
