@@ -2707,3 +2707,39 @@ def test_the_committed_horizon_length_verdicts_follow_from_their_tables(name):
     totals = (f"J = 1 holds in {n[(1, 'holds')]} of the 80 settings and ties in {n[(1, 'tie')]}, "
               f"J = 16 in {n[(16, 'holds')]} and {n[(16, 'tie')]}")
     assert totals in _readme_text() and totals in _model_text()
+
+
+def _roles_claim() -> str:
+    """What the README and docs/model.md state of J's two roles apart
+    (docs/evidence/horizon_length_pair_full_roles.csv)."""
+    t = pd.read_csv(EVIDENCE / "horizon_length_pair_full_roles.csv")
+    w = "_without_slot_price"
+    return (f"without the slot price, J = 1 emits less than J = 16 in "
+            f"{(t['ci_high_pct' + w] < 0).sum()} of 32 settings of the full grid and more in "
+            f"{(t['ci_low_pct' + w] > 0).sum()} (J = 16's saving over it "
+            f"{t['saving_pct' + w].min():+.1f} to {t['saving_pct' + w].max():+.1f}%)")
+
+
+def test_the_committed_horizon_length_roles_table_follows_from_its_runs():
+    # docs/evidence/horizon_length_pair_full_roles.csv (horizon_length.py roles): with the slot
+    # price it is J = 1's row of the committed J table; without it each saving lies in its CI and
+    # the variants are J = 16 and J = 1 without the slot price only; the README and
+    # docs/model.md state it.
+    hl = _evidence_module("horizon_length")
+    assert hl.WITHOUT_SLOT == {"J = 16, w/o slot price": {"slot_price": False},
+                               "J = 1, w/o slot price": {"horizon": 1, "slot_price": False}}
+    t = pd.read_csv(EVIDENCE / "horizon_length_pair_full_roles.csv")
+    j = pd.read_csv(EVIDENCE / "horizon_length_pair_full_table.csv")
+    one = j[j["policy"] == "J = 1"].merge(t, on=list(he.SETTING), suffixes=("", "_r"))
+    assert len(one) == len(t) == 32
+    for col in ("saving_pct", "ci_low_pct", "ci_high_pct"):
+        assert (one[col] == one[f"{col}_r"]).all(), col
+    w = "_without_slot_price"
+    assert ((t["ci_low_pct" + w] <= t["saving_pct" + w])
+            & (t["saving_pct" + w] <= t["ci_high_pct" + w])).all()
+    # the settings where J = 1 does not emit less are ShareGPT with ample memory, all ties there
+    rest = t[~(t["ci_high_pct" + w] < 0)]
+    assert set(zip(rest["dataset"], rest["memory"], strict=True)) == {("sharegpt", "paper x10")}
+    assert len(rest) == 8 and (rest["ci_low_pct" + w] <= 0).all()
+    for text in (_readme_text(), _model_text()):
+        assert _roles_claim() + "; the 8 others are ShareGPT with ample memory, ties" in text

@@ -23,8 +23,10 @@ J.
 The router's own runs give the committed ``horizon_kv_price_pair_{grid}_table.csv`` CO2 to the
 last digit (checked below). About 10 minutes a grid on two cores. ``scale``
 (``horizon_length_pair_scale_{table,verdicts}.csv``): J = 1 and 4 beside the default across
-notebook 09's full scale sweep, held-out for the pair (``kv_price.py pair-scale``'s runs). Run
-from the repository root: ``.venv/bin/python docs/evidence/horizon_length.py full|fresh|scale``.
+notebook 09's full scale sweep, held-out for the pair (``kv_price.py pair-scale``'s runs).
+``roles`` (``horizon_length_pair_full_roles.csv``, :func:`roles`): J's two roles apart, J = 1
+against J = 16 on the full grid without the slot price. Run from the repository root:
+``.venv/bin/python docs/evidence/horizon_length.py full|fresh|scale|roles``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -112,11 +115,41 @@ def scale(lengths=SCALE_LENGTHS) -> None:
     print(v[[*by, "policy", "saving_pct", "ci_low_pct", "ci_high_pct"]].round(2).to_string())
 
 
+#: J's two roles apart: J = 16 and J = 1 without the slot price (its remaining time T_k is the sum
+#: of S_k(j) over j ≤ J), so that only the future term differs.
+WITHOUT_SLOT: dict[str, dict[str, Any]] = {
+    "J = 16, w/o slot price": {"slot_price": False},
+    "J = 1, w/o slot price": {"horizon": 1, "slot_price": False}}
+
+
+def roles() -> None:
+    """``roles``: on the full grid, J = 1 against J = 16 with the slot price (the committed
+    ``horizon_length_pair_full_table.csv``) and without it (:data:`WITHOUT_SLOT`, given the same
+    SLO): ``horizon_length_pair_full_roles.csv``, per setting J = 16's saving over J = 1 with its
+    paired CI in each case (negative where J = 1 emits less)."""
+    settings = he.grid_settings("full")[0]
+    r = pair_runs(settings, variants=WITHOUT_SLOT, online=he.ONLINE)
+    results = sweep.run_sweep(list(r["spec"]))
+    j16, j1 = WITHOUT_SLOT
+    keep = r[r["policy"].isin([*he.ONLINE, j16, j1])]
+    t = he.table(results, keep.assign(policy=keep["policy"].replace(j16, he.TARGET)),
+                 designed_on=he.DESIGNED_ON_PAIR)
+    committed = pd.read_csv(HERE / "horizon_length_pair_full_table.csv")
+    cols = ["saving_pct", "ci_low_pct", "ci_high_pct"]
+    with_slot = committed[committed["policy"] == "J = 1"][[*he.SETTING, *cols]]
+    without = t[t["policy"] == j1][[*he.SETTING, *cols]]
+    out = with_slot.merge(without, on=list(he.SETTING), suffixes=("", "_without_slot_price"))
+    save_table(out, "horizon_length_pair_full_roles", HERE, parquet=False)
+    print(out.round(2).to_string())
+
+
 def main(grid: str) -> None:
     if grid == "scale":
         return scale()
+    if grid == "roles":
+        return roles()
     if grid not in ("full", "fresh"):
-        raise SystemExit(f"horizon_length.py: grid must be 'full', 'fresh' or 'scale', "
+        raise SystemExit(f"horizon_length.py: grid must be 'full', 'fresh', 'scale' or 'roles', "
                          f"got {grid!r}")
     settings = he.grid_settings(grid)[0]
     r = pair_runs(settings, variants=LENGTHS, online=he.ONLINE)
