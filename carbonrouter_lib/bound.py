@@ -817,7 +817,9 @@ def capacity_priced_bound(
     with_ttl = value
     upper = float(upper_g)
     best = (value, lam.copy(), mu.copy(), rec)
-    theta, stale = 1.0, 0
+    # every iterate is a lower bound (weak duality), so the bound is their largest; the step
+    # halves after two iterates without a relative gain of 1e-9 over ``ref``, the last that had one
+    theta, stale, ref = 1.0, 0, value
     history = []
     bar = None
     if progress:
@@ -837,8 +839,10 @@ def capacity_priced_bound(
         lam = np.maximum(lam + step * g_slot, 0.0)
         mu = np.maximum(mu + step * g_kv, 0.0)
         value, g, rec = evaluate(lam, mu)
-        if value > best[0] * (1 + 1e-9):
-            best, stale = (value, lam.copy(), mu.copy(), rec), 0
+        if value > best[0]:
+            best = (value, lam.copy(), mu.copy(), rec)
+        if value > ref * (1 + 1e-9):
+            ref, stale = value, 0
         else:
             stale += 1
             if stale >= 2:
