@@ -83,7 +83,7 @@ def build_policy(
                                               policy.gate_training, table=table, signal=signal,
                                               backend=backend, cache_dir=gate_dir))
     if isinstance(policy, HorizonRouter) and policy.needs_model:
-        policy.set_model(fit_horizon_model(table, config.beta_q, config.ttl_s, policy.horizon,
+        policy.set_model(fit_horizon_model(table, config.beta_q, config.ttl_s, policy.model_horizon,
                                            tell_turns=policy.session_length == "told",
                                            tell_models=policy.future_models == "told"))
     return policy

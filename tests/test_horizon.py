@@ -168,7 +168,10 @@ def test_parameters_are_validated_and_recorded():
                 {"slot_smoothing": 1.5}, {"slot_residence": True, "slot_price": False},
                 {"slot_credit": False, "slot_price": False}, {"slot_credit": 0},
                 {"slot_residence": True, "horizon": 0},
-                {"slot_price": True, "slot_residence": 1}):
+                {"slot_price": True, "slot_residence": 1},
+                {"slot_turns": 0}, {"slot_turns": True}, {"slot_turns": 2.0},
+                {"slot_turns": 4, "slot_price": False},
+                {"slot_turns": 4, "slot_residence": True}):
         with pytest.raises(ValueError):
             HorizonRouter(**bad)
     assert not HorizonRouter(horizon=0).needs_model
@@ -180,8 +183,12 @@ def test_parameters_are_validated_and_recorded():
     assert off.params()["slot_price"] is False and "slot_smoothing" not in off.params()
     assert "slot_credit" not in on.params()
     assert HorizonRouter(slot_credit=False).params()["slot_credit"] is False
+    assert "slot_turns" not in on.params()
+    assert HorizonRouter(horizon=1, slot_turns=16).params()["slot_turns"] == 16
+    assert HorizonRouter(horizon=1, slot_turns=16).model_horizon == 16 == on.model_horizon
+    assert HorizonRouter(horizon=4).model_horizon == 4
     for router in (on, off, HorizonRouter(slot_smoothing=0.1, slot_residence=True),
-                   HorizonRouter(slot_credit=False)):
+                   HorizonRouter(slot_credit=False), HorizonRouter(horizon=1, slot_turns=16)):
         assert HorizonRouter(**router.params()).params() == router.params()
     assert HorizonRouter(slot_smoothing=0.1).params()["slot_smoothing"] == 0.1
 
@@ -865,3 +872,25 @@ def test_the_default_router_is_the_pair():
         HorizonRouter(kv_price=False, kv_loss="within_ttl")
     with pytest.raises(ValueError, match="kv_price needs horizon"):
         HorizonRouter(horizon=0, kv_price=True)
+
+
+def test_the_slot_prices_turns_apart_from_the_horizon():
+    # slot_turns = J is the default router to the last digit; slot_turns sums the slot price's
+    # remaining time over its own turns (the horizon model fitted for the larger of the two),
+    # so J = 1 with the slot price over 16 turns decides unlike J = 1 and unlike J = 16; a
+    # model fitted for fewer turns than slot_turns is refused.
+    table, sim, model = _slot_table()
+    backend = setting.backend_config(table, sim)
+
+    def run(**kw):
+        return simulator.simulate(table, HorizonRouter(model=model, **kw), sim,
+                                  backend=backend).records
+
+    pd.testing.assert_frame_equal(run(), run(slot_turns=16))
+    pd.testing.assert_frame_equal(run(horizon=4), run(horizon=4, slot_turns=4))
+    one, apart = run(horizon=1), run(horizon=1, slot_turns=16)
+    assert not one["deployment"].equals(apart["deployment"])
+    assert not apart["deployment"].equals(run()["deployment"])
+    with pytest.raises(ValueError, match="prices 4 future turns"):
+        HorizonRouter(horizon=1, slot_turns=16).set_model(
+            fit_horizon_model(table, horizon=4))

@@ -2743,3 +2743,61 @@ def test_the_committed_horizon_length_roles_table_follows_from_its_runs():
     assert len(rest) == 8 and (rest["ci_low_pct" + w] <= 0).all()
     for text in (_readme_text(), _model_text()):
         assert _roles_claim() + "; the 8 others are ShareGPT with ample memory, ties" in text
+
+
+SLOT16 = "J = 1, slot price over 16 turns"
+
+
+def _slot16_sentence(grid: str) -> str:
+    """What the README and docs/model.md state of J = 1 with the slot price over 16 turns in
+    ``grid`` (docs/evidence/horizon_length_pair_{grid}_slot16_*.csv)."""
+    t = pd.read_csv(EVIDENCE / f"horizon_length_pair_{grid}_slot16_table.csv")
+    b = pd.read_csv(EVIDENCE / f"horizon_length_pair_{grid}_slot16_bound.csv")
+    v = pd.read_csv(EVIDENCE / f"horizon_length_pair_{grid}_slot16_verdicts.csv")
+    x = t[t["policy"] == SLOT16]
+    n = v.groupby("router")["lowest_co2"].value_counts()
+    w = b.pivot_table(index=list(he.SETTING), columns="policy", values="share_of_possible_saving")
+    med = {p: f"{100 * w[p].median():.1f}%" for p in (SLOT16, "J = 1", he.TARGET)}
+    hi = {p: int((w[p] >= 0.70).sum()) for p in (SLOT16, "J = 1", he.TARGET)}
+    return (f"it emits less than J = 16 in {(x['ci_high_pct'] < 0).sum()} of 32 settings and "
+            f"more in {(x['ci_low_pct'] > 0).sum()} (J = 16's saving over it "
+            f"{x['saving_pct'].min():+.1f} to {x['saving_pct'].max():+.1f}%); against the best "
+            f"other online policy with paired CIs it holds in {n.get((SLOT16, 'holds'), 0)} and "
+            f"ties in {n.get((SLOT16, 'tie'), 0)} (J = 1 {n.get(('J = 1', 'holds'), 0)} and "
+            f"{n.get(('J = 1', 'tie'), 0)}, J = 16 {n.get((he.TARGET, 'holds'), 0)} and "
+            f"{n.get((he.TARGET, 'tie'), 0)}); the median share of the bound's possible saving "
+            f"is {med[SLOT16]} (J = 1 {med['J = 1']}, J = 16 {med[he.TARGET]}), ≥ 70% in "
+            f"{hi[SLOT16]} (J = 1 {hi['J = 1']}, J = 16 {hi[he.TARGET]})")
+
+
+@pytest.mark.parametrize("grid", ["full", "fresh"])
+def test_the_committed_slot16_tables_follow_from_their_runs(grid):
+    # docs/evidence/horizon_length_pair_{grid}_slot16_*.csv (horizon_length.py slot16-{grid}):
+    # every online policy's and the router's runs are the committed pair table's, J = 1's the
+    # committed J table's, to the last digit; the savings follow from the CO2 totals; each
+    # verdict from its CI; the README states the tables.
+    hl = _evidence_module("horizon_length")
+    assert hl.SLOT16 == {"J = 1": {"horizon": 1},
+                         SLOT16: {"horizon": 1, "slot_turns": 16}}
+    t = pd.read_csv(EVIDENCE / f"horizon_length_pair_{grid}_slot16_table.csv")
+    key = [*he.SETTING, "policy"]
+    pair = pd.read_csv(EVIDENCE / f"horizon_kv_price_pair_{grid}_table.csv")
+    j = pd.read_csv(EVIDENCE / f"horizon_length_pair_{grid}_table.csv")
+    for other, policies in ((pair, [*he.ONLINE, he.TARGET]), (j, ["J = 1"])):
+        mine = t.merge(other[other["policy"].isin(policies)], on=key, suffixes=("", "_c"))
+        assert len(mine) == 32 * len(policies)
+        assert (mine["total_co2_kg"] == mine["total_co2_kg_c"]).all()
+        assert (mine["p95_ttft_s"] == mine["p95_ttft_s_c"]).all()
+    router = t[t["policy"] == he.TARGET].set_index(list(he.SETTING))["total_co2_kg"]
+    x = t[t["policy"] == SLOT16].set_index(list(he.SETTING))
+    assert len(x) == 32
+    np.testing.assert_allclose(x["saving_pct"], 100 * (1 - router.loc[x.index] / x["total_co2_kg"]),
+                               rtol=1e-9)
+    v = pd.read_csv(EVIDENCE / f"horizon_length_pair_{grid}_slot16_verdicts.csv")
+    assert set(v["router"]) == {he.TARGET, "J = 1", SLOT16} and len(v) == 96
+    expect = np.where(v["ci_low_pct"] > 0, "holds", np.where(v["ci_high_pct"] < 0, "fails", "tie"))
+    assert (v["lowest_co2"] == expect).all()
+    name = {"full": "the full grid", "fresh": "the fresh weeks (held-out)"}[grid]
+    assert f"{name}: {_slot16_sentence(grid)}" in _readme_text()
+    if grid == "fresh":
+        assert _slot16_sentence(grid) in _model_text()

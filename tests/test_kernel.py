@@ -77,6 +77,8 @@ def policies(gate: LearnedGate, table: pd.DataFrame, config: SimulationConfig):
     yield "horizon slot price, residence", HorizonRouter(slot_price=True, slot_smoothing=0.2,
                                                          slot_residence=True)
     yield "horizon slot price, no credit", HorizonRouter(slot_credit=False, slot_smoothing=0.2)
+    yield "horizon J=1, slot price over 16 turns", HorizonRouter(horizon=1, slot_turns=16,
+                                                                 slot_smoothing=0.2)
     yield "horizon TTFT SLO", HorizonRouter(ttft_slo_s=0.4, ttft_share=0.1, ttft_step=0.3)
     yield "horizon persistence, no survival", HorizonRouter(forecast="persistence",
                                                             cache_survival=False)

@@ -419,6 +419,11 @@ class HorizonRouter(Policy):
         is the router without it); False: off; True with ``horizon=0`` is an error.
     slot_smoothing : float
         Weight of a new first turn in the slot price's averages, in (0, 1]. Default 0.01.
+    slot_turns : int or None
+        With ``slot_price``: the future turns the slot price's T_k and D̄ sum S_k(j) over
+        (``τ·(½ + Σ_{j ≤ slot_turns} S_k(j))``), apart from the future term's J; None (default):
+        J. An ablation of J's two roles (docs/evidence/horizon_length.py); the horizon model is
+        then fitted for max(J, slot_turns) turns (:attr:`model_horizon`).
     slot_residence : bool
         With ``slot_price``: a slot is held only while the session stays on the pool, so T_k
         and D̄ count the future turns weighted by the continuation ρ^(j−1) of the future term
@@ -480,7 +485,7 @@ class HorizonRouter(Policy):
                  ttft_slo_s: float | None = None, ttft_share: float = 0.05,
                  ttft_step: float = 0.05, session_length: str = "learned",
                  future_models: str = "learned", kv_price: bool | None = None,
-                 kv_loss: str | None = None) -> None:
+                 kv_loss: str | None = None, slot_turns: int | None = None) -> None:
         from carbonrouter_lib.forecast import FORECASTERS, REFERENCE_FORECASTERS
 
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
@@ -525,6 +530,15 @@ class HorizonRouter(Policy):
                              "session's remaining time from the survival of its length)")
         if slot_residence and not slot_price:
             raise ValueError("HorizonRouter.slot_residence needs slot_price=True")
+        if slot_turns is not None:
+            if isinstance(slot_turns, bool) or not isinstance(slot_turns, int) or slot_turns < 1:
+                raise ValueError(f"HorizonRouter.slot_turns must be None or an integer ≥ 1, "
+                                 f"got {slot_turns!r}")
+            if not slot_price or slot_residence:
+                raise ValueError("HorizonRouter.slot_turns needs slot_price=True and "
+                                 "slot_residence=False (the residence counts the future term's "
+                                 "turns)")
+        self.slot_turns = slot_turns
         self.slot_price, self.slot_smoothing = slot_price, float(slot_smoothing)
         if not slot_credit and not slot_price:
             raise ValueError("HorizonRouter.slot_credit=False needs slot_price=True")
@@ -577,6 +591,12 @@ class HorizonRouter(Policy):
         self._bound = None  # per-run state, set on the first query (the run's deployments)
 
     @property
+    def model_horizon(self) -> int:
+        """The future turns its horizon model must price: J, or the slot price's
+        ``slot_turns`` where more."""
+        return max(self.horizon, self.slot_turns or 0)
+
+    @property
     def needs_model(self) -> bool:
         """Whether the model is still to be fitted (``model == "learned"`` and J > 0)."""
         return self.horizon > 0 and isinstance(self.model, str)
@@ -586,9 +606,9 @@ class HorizonRouter(Policy):
 
     def set_model(self, model: HorizonModel) -> None:
         """Set the fitted :class:`HorizonModel`."""
-        if model.horizon < self.horizon:
+        if model.horizon < self.model_horizon:
             raise ValueError(f"the model prices {model.horizon} future turns, the router "
-                             f"{self.horizon}")
+                             f"{self.model_horizon}")
         if self.session_length == "told" and model.turns is None:
             raise ValueError("HorizonRouter(session_length='told') needs a model fitted with "
                              "fit_horizon_model(tell_turns=True)")
@@ -612,6 +632,8 @@ class HorizonRouter(Policy):
             p["slot_smoothing"] = self.slot_smoothing
         if self.slot_residence:
             p |= {"slot_residence": True}
+        if self.slot_turns is not None:
+            p |= {"slot_turns": self.slot_turns}
         if not self.slot_credit:
             p |= {"slot_credit": False}
         if self.ttft_slo_s is not None:
@@ -659,7 +681,7 @@ class HorizonRouter(Policy):
         state.pi, state.price = np.zeros(d.n_pools), np.zeros(d.n)
         state.ttft_price, state.v_pre = np.zeros(d.n), np.asarray(d.v_pre, np.float64)
         state.surv = survival_table(model, self.session_length == "told")
-        state.surv_sum = _survival_sums(state.surv, self.horizon)
+        state.surv_sum = _survival_sums(state.surv, self.slot_turns or self.horizon)
         state.stay_j = state.exit_j = None  # the told models' q_m and exits per future turn
         state.ret_dep = np.full(len(d.models), -1, np.int64)  # the return exit's targets
         state.ret_len = np.zeros(len(d.models))
@@ -850,7 +872,7 @@ class HorizonRouter(Policy):
             h_fold=folds, h_sfold=(model.folds + model.turns[info.conversations]).astype(
                 np.int64) if self.session_length == "told" else folds,
             h_slot=self.slot_price, h_slot_s=self.slot_smoothing,
-            h_surv_sum=_survival_sums(surv, self.horizon),
+            h_surv_sum=_survival_sums(surv, self.slot_turns or self.horizon),
             h_tau=np.ascontiguousarray(model.gap_s, np.float64), h_slot_res=self.slot_residence,
             h_slot_credit=self.slot_credit,
             h_fallback=model.fallback, h_eligible=model.eligible,

@@ -25,8 +25,11 @@ last digit (checked below). About 10 minutes a grid on two cores. ``scale``
 (``horizon_length_pair_scale_{table,verdicts}.csv``): J = 1 and 4 beside the default across
 notebook 09's full scale sweep, held-out for the pair (``kv_price.py pair-scale``'s runs).
 ``roles`` (``horizon_length_pair_full_roles.csv``, :func:`roles`): J's two roles apart, J = 1
-against J = 16 on the full grid without the slot price. Run from the repository root:
-``.venv/bin/python docs/evidence/horizon_length.py full|fresh|scale|roles``.
+against J = 16 on the full grid without the slot price. ``slot16-full|slot16-fresh``
+(:func:`slot16`): both together, J = 1 with the slot price's remaining time over 16 turns
+(``slot_turns=16``), designed on the full grid after ``roles``; the fresh weeks are held-out for
+it. Run from the repository root: ``.venv/bin/python docs/evidence/horizon_length.py
+full|fresh|scale|roles|slot16-full|slot16-fresh``.
 """
 
 from __future__ import annotations
@@ -70,17 +73,18 @@ def print_drift(t: pd.DataFrame, committed: str, by) -> None:
 
 
 def length_verdicts(results, runs: pd.DataFrame, lengths, table_fn,
-                    by=he.SETTING) -> pd.DataFrame:
+                    by=he.SETTING, column: str = "horizon") -> pd.DataFrame:
     """Per J (the router's 16 and each of ``lengths``) and setting, the targets with that J as
     the router (:func:`carbonrouter_lib.horizon_eval.verdicts`: the lowest CO2 of the online
     policies against the best other with its paired CI, P95 TTFT, quality), from ``runs`` and
     their ``results``; ``table_fn(results, runs)`` makes the table (:func:`horizon_eval.table`
-    or :func:`horizon_eval.scale_table`). Column ``horizon``: J."""
+    or :func:`horizon_eval.scale_table`). Column ``column``: ``"horizon"`` J, else the label."""
     out = []
     for label in (he.TARGET, *lengths):
         keep = runs[runs["policy"].isin(he.ONLINE) | (runs["policy"] == label)]
         t = table_fn(results, keep.assign(policy=keep["policy"].replace(label, he.TARGET)))
-        out.append(he.verdicts(t, by).assign(horizon=label_horizon(label)))
+        tag = label_horizon(label) if column == "horizon" else label
+        out.append(he.verdicts(t, by).assign(**{column: tag}))
     return pd.concat(out, ignore_index=True)
 
 
@@ -143,7 +147,46 @@ def roles() -> None:
     print(out.round(2).to_string())
 
 
+#: The roles' combination: J = 1 for the future term, the slot price's remaining time over 16
+#: turns (``slot_turns``), beside J = 1.
+SLOT16: dict[str, dict[str, Any]] = {
+    "J = 1": {"horizon": 1}, "J = 1, slot price over 16 turns": {"horizon": 1, "slot_turns": 16}}
+
+
+def slot16(grid: str) -> None:
+    """``slot16-full|slot16-fresh``: :data:`SLOT16` beside the default and every online policy
+    in ``grid`` (the pair's two phases) → ``horizon_length_pair_{grid}_slot16_{table,bound,
+    verdicts}.csv``; the router's and J = 1's runs are checked against the committed tables."""
+    settings = he.grid_settings(grid)[0]
+    r = pair_runs(settings, variants=SLOT16, online=he.ONLINE)
+    results = sweep.run_sweep(list(r["spec"]))
+    t = he.table(results, r, designed_on=he.DESIGNED_ON_PAIR)
+    print_drift(t, f"horizon_kv_price_pair_{grid}_table.csv", he.SETTING)
+    j1 = pd.read_csv(HERE / f"horizon_length_pair_{grid}_table.csv")
+    mine = t[t["policy"] == "J = 1"].merge(j1[j1["policy"] == "J = 1"], on=list(he.SETTING),
+                                           suffixes=("", "_c"))
+    print("J = 1 against the committed J table: largest relative difference "
+          f"{float(np.max(np.abs(mine['total_co2_kg'] / mine['total_co2_kg_c'] - 1))):.2e}")
+    s = bound_shares(t, pd.read_csv(HERE / f"horizon_{grid}_bound.csv"),
+                     designed_on=he.DESIGNED_ON_PAIR, policies=(*he.ONLINE, he.TARGET, *SLOT16))
+    v = length_verdicts(results, r, SLOT16, functools.partial(
+        he.table, designed_on=he.DESIGNED_ON_PAIR), column="router")
+    name = f"horizon_length_pair_{grid}_slot16"
+    save_table(t, f"{name}_table", HERE, parquet=False)
+    save_table(s, f"{name}_bound", HERE, parquet=False)
+    save_table(v, f"{name}_verdicts", HERE, parquet=False)
+    print(v.groupby("router")["lowest_co2"].value_counts().unstack(fill_value=0).to_string())
+    x = t[t["policy"].isin(list(SLOT16))]
+    print(x[[*he.SETTING, "policy", "saving_pct", "ci_low_pct", "ci_high_pct"]].round(2)
+          .to_string())
+    wide = s.pivot_table(index=list(he.SETTING), columns="policy",
+                         values="share_of_possible_saving")[[*SLOT16, he.TARGET]]
+    print(wide.groupby(level=["dataset", "memory"]).median().round(3).to_string())
+
+
 def main(grid: str) -> None:
+    if grid.startswith("slot16-"):
+        return slot16(grid.removeprefix("slot16-"))
     if grid == "scale":
         return scale()
     if grid == "roles":
