@@ -41,6 +41,8 @@ VARIANTS = {
     # the default with a shorter horizon: how much of its extra time is the J future turns
     "carbonrouter-horizon (J = 4)": ("carbonrouter-horizon", {"horizon": 4}),
     "carbonrouter-horizon (J = 1)": ("carbonrouter-horizon", {"horizon": 1}),
+    "carbonrouter-horizon (J = 1, slot price over 16 turns)": (
+        "carbonrouter-horizon", {"horizon": 1, "slot_turns": 16}),
 }
 
 
