@@ -591,10 +591,14 @@ class HorizonRouter(Policy):
         self._bound = None  # per-run state, set on the first query (the run's deployments)
 
     @property
+    def slot_horizon(self) -> int:
+        """The future turns the slot price's T_k and D̄ sum S_k(j) over: ``slot_turns``, or J."""
+        return self.slot_turns or self.horizon
+
+    @property
     def model_horizon(self) -> int:
-        """The future turns its horizon model must price: J, or the slot price's
-        ``slot_turns`` where more."""
-        return max(self.horizon, self.slot_turns or 0)
+        """The future turns its horizon model must price: J, or the slot price's where more."""
+        return max(self.horizon, self.slot_horizon)
 
     @property
     def needs_model(self) -> bool:
@@ -681,7 +685,7 @@ class HorizonRouter(Policy):
         state.pi, state.price = np.zeros(d.n_pools), np.zeros(d.n)
         state.ttft_price, state.v_pre = np.zeros(d.n), np.asarray(d.v_pre, np.float64)
         state.surv = survival_table(model, self.session_length == "told")
-        state.surv_sum = _survival_sums(state.surv, self.slot_turns or self.horizon)
+        state.surv_sum = _survival_sums(state.surv, self.slot_horizon)
         state.stay_j = state.exit_j = None  # the told models' q_m and exits per future turn
         state.ret_dep = np.full(len(d.models), -1, np.int64)  # the return exit's targets
         state.ret_len = np.zeros(len(d.models))
@@ -872,7 +876,7 @@ class HorizonRouter(Policy):
             h_fold=folds, h_sfold=(model.folds + model.turns[info.conversations]).astype(
                 np.int64) if self.session_length == "told" else folds,
             h_slot=self.slot_price, h_slot_s=self.slot_smoothing,
-            h_surv_sum=_survival_sums(surv, self.slot_turns or self.horizon),
+            h_surv_sum=_survival_sums(surv, self.slot_horizon),
             h_tau=np.ascontiguousarray(model.gap_s, np.float64), h_slot_res=self.slot_residence,
             h_slot_credit=self.slot_credit,
             h_fallback=model.fallback, h_eligible=model.eligible,

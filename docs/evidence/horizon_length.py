@@ -62,14 +62,14 @@ def label_horizon(label: str) -> int:
     return 16 if label == he.TARGET else LENGTHS[label]["horizon"]
 
 
-def print_drift(t: pd.DataFrame, committed: str, by) -> None:
-    """Prints the largest relative difference of the router's CO2 in table ``t`` from the
+def print_drift(t: pd.DataFrame, committed: str, by, policy: str = he.TARGET) -> None:
+    """Prints the largest relative difference of ``policy``'s CO2 in table ``t`` from the
     committed table ``committed`` (a file here), per setting (the columns ``by``)."""
     c = pd.read_csv(HERE / committed)
-    mine = t[t["policy"] == he.TARGET].merge(c[c["policy"] == he.TARGET], on=list(by),
-                                             suffixes=("", "_c"))
+    mine = t[t["policy"] == policy].merge(c[c["policy"] == policy], on=list(by),
+                                          suffixes=("", "_c"))
     drift = float(np.max(np.abs(mine["total_co2_kg"] / mine["total_co2_kg_c"] - 1)))
-    print(f"the router's CO2 against {committed}: largest relative difference {drift:.2e}")
+    print(f"{policy}'s CO2 against {committed}: largest relative difference {drift:.2e}")
 
 
 def length_verdicts(results, runs: pd.DataFrame, lengths, table_fn,
@@ -153,29 +153,31 @@ SLOT16: dict[str, dict[str, Any]] = {
     "J = 1": {"horizon": 1}, "J = 1, slot price over 16 turns": {"horizon": 1, "slot_turns": 16}}
 
 
-def slot16(grid: str) -> None:
-    """``slot16-full|slot16-fresh``: :data:`SLOT16` beside the default and every online policy
-    in ``grid`` (the pair's two phases) → ``horizon_length_pair_{grid}_slot16_{table,bound,
-    verdicts}.csv``; the router's and J = 1's runs are checked against the committed tables."""
-    settings = he.grid_settings(grid)[0]
-    r = pair_runs(settings, variants=SLOT16, online=he.ONLINE)
+def grid_tables(grid: str, variants, name: str, column: str):
+    """``variants`` (label → parameters over the pair's) beside the default and every online
+    policy in ``grid`` (the pair's two phases, :func:`told.pair_runs`), the router's runs checked
+    against the committed pair table: ``{name}_{table,bound,verdicts}.csv`` (the verdicts'
+    ``column``: :func:`length_verdicts`'s). Returns the three tables."""
+    r = pair_runs(he.grid_settings(grid)[0], variants=variants, online=he.ONLINE)
     results = sweep.run_sweep(list(r["spec"]))
     t = he.table(results, r, designed_on=he.DESIGNED_ON_PAIR)
     print_drift(t, f"horizon_kv_price_pair_{grid}_table.csv", he.SETTING)
-    j1 = pd.read_csv(HERE / f"horizon_length_pair_{grid}_table.csv")
-    mine = t[t["policy"] == "J = 1"].merge(j1[j1["policy"] == "J = 1"], on=list(he.SETTING),
-                                           suffixes=("", "_c"))
-    print("J = 1 against the committed J table: largest relative difference "
-          f"{float(np.max(np.abs(mine['total_co2_kg'] / mine['total_co2_kg_c'] - 1))):.2e}")
     s = bound_shares(t, pd.read_csv(HERE / f"horizon_{grid}_bound.csv"),
-                     designed_on=he.DESIGNED_ON_PAIR, policies=(*he.ONLINE, he.TARGET, *SLOT16))
-    v = length_verdicts(results, r, SLOT16, functools.partial(
-        he.table, designed_on=he.DESIGNED_ON_PAIR), column="router")
-    name = f"horizon_length_pair_{grid}_slot16"
-    save_table(t, f"{name}_table", HERE, parquet=False)
-    save_table(s, f"{name}_bound", HERE, parquet=False)
-    save_table(v, f"{name}_verdicts", HERE, parquet=False)
-    print(v.groupby("router")["lowest_co2"].value_counts().unstack(fill_value=0).to_string())
+                     designed_on=he.DESIGNED_ON_PAIR, policies=(*he.ONLINE, he.TARGET, *variants))
+    v = length_verdicts(results, r, variants, functools.partial(
+        he.table, designed_on=he.DESIGNED_ON_PAIR), column=column)
+    for table, part in ((t, "table"), (s, "bound"), (v, "verdicts")):
+        save_table(table, f"{name}_{part}", HERE, parquet=False)
+    print(v.groupby(column)["lowest_co2"].value_counts().unstack(fill_value=0).to_string())
+    return t, s, v
+
+
+def slot16(grid: str) -> None:
+    """``slot16-full|slot16-fresh``: :data:`SLOT16` beside the default and every online policy
+    in ``grid`` → ``horizon_length_pair_{grid}_slot16_{table,bound,verdicts}.csv``
+    (:func:`grid_tables`); J = 1's runs are checked against the committed J table."""
+    t, s, _ = grid_tables(grid, SLOT16, f"horizon_length_pair_{grid}_slot16", "router")
+    print_drift(t, f"horizon_length_pair_{grid}_table.csv", he.SETTING, "J = 1")
     x = t[t["policy"].isin(list(SLOT16))]
     print(x[[*he.SETTING, "policy", "saving_pct", "ci_low_pct", "ci_high_pct"]].round(2)
           .to_string())
@@ -192,23 +194,9 @@ def main(grid: str) -> None:
     if grid == "roles":
         return roles()
     if grid not in ("full", "fresh"):
-        raise SystemExit(f"horizon_length.py: grid must be 'full', 'fresh', 'scale' or 'roles', "
-                         f"got {grid!r}")
-    settings = he.grid_settings(grid)[0]
-    r = pair_runs(settings, variants=LENGTHS, online=he.ONLINE)
-    results = sweep.run_sweep(list(r["spec"]))
-    t = he.table(results, r, designed_on=he.DESIGNED_ON_PAIR)
-    print_drift(t, f"horizon_kv_price_pair_{grid}_table.csv", he.SETTING)
-    s = bound_shares(t, pd.read_csv(HERE / f"horizon_{grid}_bound.csv"),
-                     designed_on=he.DESIGNED_ON_PAIR, policies=(*he.ONLINE, he.TARGET, *LENGTHS))
-    name = f"horizon_length_pair_{grid}"
-    save_table(t, f"{name}_table", HERE, parquet=False)
-    save_table(s, f"{name}_bound", HERE, parquet=False)
-    verdicts = length_verdicts(results, r, LENGTHS, functools.partial(
-        he.table, designed_on=he.DESIGNED_ON_PAIR))
-    save_table(verdicts, f"{name}_verdicts", HERE, parquet=False)
-    print(verdicts.groupby("horizon")["lowest_co2"].value_counts().unstack(fill_value=0)
-          .to_string())
+        raise SystemExit(f"horizon_length.py: grid must be 'full', 'fresh', 'scale', 'roles', "
+                         f"'slot16-full' or 'slot16-fresh', got {grid!r}")
+    t, s, _ = grid_tables(grid, LENGTHS, f"horizon_length_pair_{grid}", "horizon")
     wide = s.pivot_table(index=list(he.SETTING), columns="policy", sort=False,
                          values="share_of_possible_saving")[[*LENGTHS, he.TARGET]]
     print(wide.round(3).to_string())
