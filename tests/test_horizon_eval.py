@@ -2801,3 +2801,90 @@ def test_the_committed_slot16_tables_follow_from_their_runs(grid):
     assert f"{name}: {_slot16_sentence(grid)}" in _readme_text()
     if grid == "fresh":
         assert _slot16_sentence(grid) in _model_text()
+
+
+def _slot16_scale_sentence() -> str:
+    """What the README and docs/model.md state of J = 1 with the slot price over 16 turns across
+    the scale sweep (docs/evidence/horizon_length_pair_scale_slot16_*.csv)."""
+    t = pd.read_csv(EVIDENCE / "horizon_length_pair_scale_slot16_table.csv")
+    v = pd.read_csv(EVIDENCE / "horizon_length_pair_scale_slot16_verdicts.csv")
+    by = list(he.SCALE_BY)
+    x = t[t["policy"] == SLOT16].set_index(by)
+    one = t[t["policy"] == "J = 1"].set_index(by)["total_co2_kg"].loc[x.index]
+    vs_one = 100 * (x["total_co2_kg"] / one - 1)
+    n = v.groupby("router")["lowest_co2"].value_counts()
+    ttft = (v["p95_ttft_s"] <= v["p95_ttft_carbonrouter_s"]).groupby(v["router"]).sum()
+    quality = np.floor(1000 * v.loc[v["router"] == SLOT16, "quality_rel"].min()) / 1000
+    return (f"it emits less than J = 16 in {(x['ci_high_pct'] < 0).sum()} of 16 settings and "
+            f"more in {(x['ci_low_pct'] > 0).sum()} (J = 16's saving over it "
+            f"{x['saving_pct'].min():+.2f} to {x['saving_pct'].max():+.2f}%); against J = 1 "
+            f"(point estimates) lower in {(vs_one < 0).sum()} and higher in {(vs_one > 0).sum()}, "
+            f"by {vs_one.min():+.1f} to {vs_one.max():+.1f}%; against the best other online "
+            f"policy with paired CIs it holds in {n.get((SLOT16, 'holds'), 0)} and ties in "
+            f"{n.get((SLOT16, 'tie'), 0)} (J = 1 {n.get(('J = 1', 'holds'), 0)} and "
+            f"{n.get(('J = 1', 'tie'), 0)}, J = 16 {n.get((he.TARGET, 'holds'), 0)} and "
+            f"{n.get((he.TARGET, 'tie'), 0)}); a P95 TTFT at most CarbonRouter's in "
+            f"{ttft[SLOT16]} of 16 (J = 1 {ttft['J = 1']}, J = 16 {ttft[he.TARGET]}), quality ≥ "
+            f"{quality:.3f}")
+
+
+def test_the_committed_slot16_scale_tables_follow_from_their_runs():
+    # docs/evidence/horizon_length_pair_scale_slot16_*.csv (horizon_length.py slot16-scale, the
+    # scale sweep held-out for it): every online policy's and the router's runs are the committed
+    # pair scale table's, J = 1's the committed J scale table's, to the last digit; the savings
+    # follow from the CO2 totals; the router's and J = 1's verdicts are the committed ones; each
+    # verdict follows from its CI; the README and docs/model.md state the tables, and the
+    # totals over the 80 settings of the three sets.
+    by = list(he.SCALE_BY)
+    key = [*by, "policy"]
+    t = pd.read_csv(EVIDENCE / "horizon_length_pair_scale_slot16_table.csv")
+    assert set(t["policy"]) == {*he.ONLINE, he.TARGET, "J = 1", SLOT16}
+    pair = pd.read_csv(EVIDENCE / "horizon_kv_price_pair_scale_table.csv")
+    j = pd.read_csv(EVIDENCE / "horizon_length_pair_scale_table.csv")
+    for other, policies in ((pair, [*he.ONLINE, he.TARGET]), (j, ["J = 1"])):
+        mine = t.merge(other[other["policy"].isin(policies)], on=key, suffixes=("", "_c"))
+        assert len(mine) == 16 * len(policies)
+        assert (mine["total_co2_kg"] == mine["total_co2_kg_c"]).all()
+        assert (mine["p95_ttft_s"] == mine["p95_ttft_s_c"]).all()
+    router = t[t["policy"] == he.TARGET].set_index(by)["total_co2_kg"]
+    x = t[t["policy"] == SLOT16].set_index(by)
+    assert len(x) == 16
+    np.testing.assert_allclose(x["saving_pct"], 100 * (1 - router.loc[x.index] / x["total_co2_kg"]),
+                               rtol=1e-9)
+    assert ((x["ci_low_pct"] <= x["saving_pct"]) & (x["saving_pct"] <= x["ci_high_pct"])).all()
+    v = pd.read_csv(EVIDENCE / "horizon_length_pair_scale_slot16_verdicts.csv")
+    assert set(v["router"]) == {he.TARGET, "J = 1", SLOT16} and len(v) == 48
+    expect = np.where(v["ci_low_pct"] > 0, "holds", np.where(v["ci_high_pct"] < 0, "fails", "tie"))
+    assert (v["lowest_co2"] == expect).all()
+    committed = pd.read_csv(EVIDENCE / "horizon_length_pair_scale_verdicts.csv")
+    for router_label, horizon in ((he.TARGET, 16), ("J = 1", 1)):
+        mine = v[v["router"] == router_label].merge(
+            committed[committed["horizon"] == horizon], on=by, suffixes=("", "_c"))
+        assert len(mine) == 16
+        for col in ("co2_rel", "saving_vs_best_pct", "lowest_co2", "p95_ttft_s"):
+            assert (mine[col] == mine[f"{col}_c"]).all(), col
+    sentence = _slot16_scale_sentence()
+    assert f"the scale sweep (held-out): {sentence}" in _readme_text()
+    assert sentence in _model_text()
+    # over the 80 settings of the full grid, the fresh weeks and the scale sweep
+    sets = ("full", "fresh", "scale")
+    every = pd.concat([pd.read_csv(EVIDENCE / f"horizon_length_pair_{s}_slot16_verdicts.csv")
+                       for s in sets])
+    n = every[every["router"] == SLOT16]["lowest_co2"].value_counts()
+    assert len(every[every["router"] == SLOT16]) == 80 and n.get("fails", 0) == 0
+    rows = pd.concat([pd.read_csv(EVIDENCE / f"horizon_length_pair_{s}_slot16_table.csv")
+                      for s in sets])
+    rows = rows[rows["policy"] == SLOT16]
+    one = pd.concat([pd.read_csv(EVIDENCE / f"horizon_length_pair_{s}_table.csv") for s in sets])
+    one = one[one["policy"] == "J = 1"]
+    assert len(one) == 80
+    totals = (f"over the 80 settings it holds in {n['holds']} and ties in {n['tie']}, and emits "
+              f"less than J = 16 in {(rows['ci_high_pct'] < 0).sum()} and more in "
+              f"{(rows['ci_low_pct'] > 0).sum()} (J = 1 more in {(one['ci_low_pct'] > 0).sum()})")
+    assert totals in _readme_text() and totals in _model_text()
+    more = one[one["ci_low_pct"] > 0].groupby(["dataset", "memory"]).size()
+    assert set(more.index.get_level_values("dataset")) == {"mooncake"}
+    assert (f"{totals}: of the three, it alone never emits more than J = 16 with paired CIs "
+            f"(J = 1's {more.sum()} are the Mooncake trace, {more[('mooncake', 'paper')]} under "
+            f"the paper's memory rule and {more[('mooncake', 'paper x10')]} with ample memory)."
+            ) in _readme_text()

@@ -27,9 +27,12 @@ notebook 09's full scale sweep, held-out for the pair (``kv_price.py pair-scale`
 ``roles`` (``horizon_length_pair_full_roles.csv``, :func:`roles`): J's two roles apart, J = 1
 against J = 16 on the full grid without the slot price. ``slot16-full|slot16-fresh``
 (:func:`slot16`): both together, J = 1 with the slot price's remaining time over 16 turns
-(``slot_turns=16``), designed on the full grid after ``roles``; the fresh weeks are held-out for
-it. Run from the repository root: ``.venv/bin/python docs/evidence/horizon_length.py
-full|fresh|scale|roles|slot16-full|slot16-fresh``.
+(``slot_turns=16``), designed on the full grid after ``roles``; the fresh weeks and the scale
+sweep (``slot16-scale``) are held-out for it. Run from the repository root:
+``.venv/bin/python docs/evidence/horizon_length.py
+full|fresh|scale|roles|slot16-full|slot16-fresh|slot16-scale|slot16-reference|slot16-variants``.
+``slot16-reference`` and ``slot16-variants`` (:func:`slot16_parts`): its saving over the oracle
+gate, and its ablations and forecast errors, as for J = 16.
 """
 
 from __future__ import annotations
@@ -102,21 +105,24 @@ def scale_runs(lengths=SCALE_LENGTHS) -> pd.DataFrame:
     return pd.concat(runs, ignore_index=True)
 
 
-def scale(lengths=SCALE_LENGTHS) -> None:
-    """``scale``: :func:`scale_runs` → ``horizon_length_pair_scale_table.csv``
+def scale(lengths=SCALE_LENGTHS, name: str = "horizon_length_pair_scale",
+          column: str = "horizon") -> pd.DataFrame:
+    """``scale``: :func:`scale_runs` → ``{name}_table.csv``
     (:func:`carbonrouter_lib.horizon_eval.scale_table`: the default's saving over each J with its
-    CI), checked against the committed ``horizon_kv_price_pair_scale_table.csv``."""
+    CI), checked against the committed ``horizon_kv_price_pair_scale_table.csv``, and
+    ``{name}_verdicts.csv`` (:func:`length_verdicts`, its ``column``). Returns the table."""
     r = scale_runs(lengths)
     results = sweep.run_sweep(list(r["spec"]))
     t = he.scale_table(results, r)
     by = list(he.SCALE_BY)
     print_drift(t, "horizon_kv_price_pair_scale_table.csv", by)
-    save_table(t, "horizon_length_pair_scale_table", HERE, parquet=False)
-    v = length_verdicts(results, r, lengths, he.scale_table, he.SCALE_BY)
-    save_table(v, "horizon_length_pair_scale_verdicts", HERE, parquet=False)
-    print(v.groupby("horizon")["lowest_co2"].value_counts().unstack(fill_value=0).to_string())
+    save_table(t, f"{name}_table", HERE, parquet=False)
+    v = length_verdicts(results, r, lengths, he.scale_table, he.SCALE_BY, column=column)
+    save_table(v, f"{name}_verdicts", HERE, parquet=False)
+    print(v.groupby(column)["lowest_co2"].value_counts().unstack(fill_value=0).to_string())
     v = t[t["policy"].isin(list(lengths))]
     print(v[[*by, "policy", "saving_pct", "ci_low_pct", "ci_high_pct"]].round(2).to_string())
+    return t
 
 
 #: J's two roles apart: J = 16 and J = 1 without the slot price (its remaining time T_k is the sum
@@ -175,7 +181,13 @@ def grid_tables(grid: str, variants, name: str, column: str):
 def slot16(grid: str) -> None:
     """``slot16-full|slot16-fresh``: :data:`SLOT16` beside the default and every online policy
     in ``grid`` → ``horizon_length_pair_{grid}_slot16_{table,bound,verdicts}.csv``
-    (:func:`grid_tables`); J = 1's runs are checked against the committed J table."""
+    (:func:`grid_tables`); J = 1's runs are checked against the committed J table.
+    ``slot16-scale``: the same across the scale sweep (:func:`scale`) →
+    ``horizon_length_pair_scale_slot16_{table,verdicts}.csv``, held-out for it."""
+    if grid == "scale":
+        t = scale(SLOT16, "horizon_length_pair_scale_slot16", "router")
+        print_drift(t, "horizon_length_pair_scale_table.csv", list(he.SCALE_BY), "J = 1")
+        return
     t, s, _ = grid_tables(grid, SLOT16, f"horizon_length_pair_{grid}_slot16", "router")
     print_drift(t, f"horizon_length_pair_{grid}_table.csv", he.SETTING, "J = 1")
     x = t[t["policy"].isin(list(SLOT16))]
@@ -186,16 +198,76 @@ def slot16(grid: str) -> None:
     print(wide.groupby(level=["dataset", "memory"]).median().round(3).to_string())
 
 
+#: J = 1 with the slot price over 16 turns as the router's parameters (the proposed default).
+SLOT16_ROUTER: dict[str, Any] = SLOT16["J = 1, slot price over 16 turns"]
+
+
+def slot16_variants() -> dict[str, dict[str, Any]]:
+    """Notebook 09's ablations (:data:`carbonrouter_lib.horizon_eval.VARIANTS`) over
+    :data:`SLOT16_ROUTER`, each its parameters in full: where a variant has no slot price, J = 0
+    or the slot residence, its slot price sums over its own J (``slot_turns`` None), as it must
+    (``HorizonRouter`` refuses ``slot_turns`` there)."""
+    out = {}
+    for label, params in he.VARIANTS.items():
+        q = dict(SLOT16_ROUTER) | dict(params)
+        if q.get("horizon") == 0 or q.get("slot_price") is False or q.get("slot_residence"):
+            q["slot_turns"] = None
+        out[label] = q
+    return out
+
+
+def slot16_runs(settings, variants_in=()) -> pd.DataFrame:
+    """:data:`SLOT16_ROUTER` as the router in ``settings`` in notebook 09's two phases
+    (CarbonRouter first, its P95 TTFT per setting the router's SLO), with every online policy
+    and the oracle gate; in ``variants_in`` also :func:`slot16_variants` and the forecast
+    errors over it."""
+    first = he.grid(settings, noise=(), reference=())
+    slo = he.ttft_slos(sweep.run_sweep(list(he.slo_runs(first)["spec"])), first)
+    return he.grid(settings, variants_in=variants_in, variants=slot16_variants(),
+                   noise=he.NOISE if variants_in else (), target_params=SLOT16_ROUTER,
+                   ttft_slo=slo)
+
+
+def slot16_parts(part: str) -> None:
+    """``slot16-reference``: :data:`SLOT16_ROUTER` against CarbonRouter with the oracle gate in
+    every setting of the full grid → ``horizon_length_pair_full_slot16_reference.csv`` (its
+    row and the oracle gate's, :func:`carbonrouter_lib.horizon_eval.table`: its saving over
+    the gate with the paired CI), as ``kv_price.py pair-reference`` for J = 16.
+    ``slot16-variants``: its ablations and forecast errors in the four settings of notebook 09's
+    ablations → ``horizon_length_pair_slot16_variants.csv``, as ``kv_price.py pair-variants``.
+    No setting is held-out (it was designed on the full grid)."""
+    settings, with_variants = he.grid_settings("full")
+    if part == "reference":
+        runs = slot16_runs(settings)
+        t = he.table(sweep.run_sweep(list(runs["spec"])), runs, designed_on=settings)
+        t = t[t["policy"].isin([*he.REFERENCE, he.TARGET])].reset_index(drop=True)
+        name = "horizon_length_pair_full_slot16_reference"
+    else:
+        runs = slot16_runs(with_variants, with_variants)
+        t = he.table(sweep.run_sweep(list(runs["spec"])), runs, designed_on=with_variants)
+        name = "horizon_length_pair_slot16_variants"
+    label = "J = 1, slot price over 16 turns"
+    print_drift(t.assign(policy=t["policy"].replace(he.TARGET, label)),
+                "horizon_length_pair_full_slot16_table.csv", he.SETTING, label)
+    save_table(t, name, HERE, parquet=False)
+    print(t[[*he.SETTING, "policy", "co2_rel", "saving_pct", "ci_low_pct", "ci_high_pct",
+             "p95_ttft_s"]].round(3).to_string())
+
+
 def main(grid: str) -> None:
+    if grid in ("slot16-reference", "slot16-variants"):
+        return slot16_parts(grid.removeprefix("slot16-"))
     if grid.startswith("slot16-"):
         return slot16(grid.removeprefix("slot16-"))
     if grid == "scale":
-        return scale()
+        scale()
+        return None
     if grid == "roles":
         return roles()
     if grid not in ("full", "fresh"):
         raise SystemExit(f"horizon_length.py: grid must be 'full', 'fresh', 'scale', 'roles', "
-                         f"'slot16-full' or 'slot16-fresh', got {grid!r}")
+                         f"'slot16-full', 'slot16-fresh', 'slot16-scale', 'slot16-reference' or "
+                         f"'slot16-variants', got {grid!r}")
     t, s, _ = grid_tables(grid, LENGTHS, f"horizon_length_pair_{grid}", "horizon")
     wide = s.pivot_table(index=list(he.SETTING), columns="policy", sort=False,
                          values="share_of_possible_saving")[[*LENGTHS, he.TARGET]]
