@@ -84,6 +84,8 @@ def test_the_router_before_the_pair_is_pinned_by_its_evidence_scripts():
     router_params = _evidence_module("gap").router_params
     assert router_params(dict(he.TUNED), None) == he.BEFORE_PAIR
     assert router_params(dict(he.TUNED), {tuple(he.TUNED.values()): 0.9}) == {"ttft_slo_s": 0.9}
+    # slot16.py replays the routers since the pair only, each with its parameters given
+    assert scripts.pop("slot16") is False
     assert len(scripts) >= 12 and all(scripts.values()), scripts
     assert "target_params=he.BEFORE_PAIR" in inspect.getsource(
         _evidence_module("slot_credit").variant_runs)
@@ -2888,3 +2890,128 @@ def test_the_committed_slot16_scale_tables_follow_from_their_runs():
             f"(J = 1's {more.sum()} are the Mooncake trace, {more[('mooncake', 'paper')]} under "
             f"the paper's memory rule and {more[('mooncake', 'paper x10')]} with ample memory)."
             ) in _readme_text()
+
+
+def _slot16_grid(grid: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """docs/evidence/horizon_slot16_{grid}_*.csv (slot16.py full|fresh), J = 1 with the slot
+    price over 16 turns the target: its runs are the committed slot16 J table's, the pair with
+    J = 16's and every online policy's the committed pair grid's, the oracle gate's the
+    committed full grid's, to the last digit; the savings follow from the CO2 totals, the
+    verdicts from the table, the shares from the committed bounds. Returns the three tables."""
+    s16 = _evidence_module("slot16")
+    t, v = _committed_grid(f"horizon_slot16_{grid}", grid)
+    b = pd.read_csv(EVIDENCE / f"horizon_slot16_{grid}_bound.csv")
+    ref = list(he.REFERENCE) if grid == "full" else []
+    policies = {*he.ONLINE, he.TARGET, s16.PAIR_J16, *ref}
+    assert set(t["policy"]) == policies and len(t) == 32 * len(policies)
+    key = [*he.SETTING, "policy"]
+
+    def same(mine: pd.DataFrame, theirs: pd.DataFrame, which: list[str]) -> None:
+        m = mine[mine["policy"].isin(which)].merge(theirs[theirs["policy"].isin(which)], on=key)
+        assert len(m) == 32 * len(which)
+        for col in ("total_co2_kg", "p95_ttft_s"):
+            assert (m[f"{col}_x"] == m[f"{col}_y"]).all(), col
+
+    label = s16.SLOT16_LABEL
+    same(t.assign(policy=t["policy"].replace(he.TARGET, label)),
+         pd.read_csv(EVIDENCE / f"horizon_length_pair_{grid}_slot16_table.csv"), [label])
+    same(t.assign(policy=t["policy"].replace({he.TARGET: "router", s16.PAIR_J16: he.TARGET})),
+         pd.read_csv(EVIDENCE / f"horizon_kv_price_pair_{grid}_table.csv"),
+         [*he.ONLINE, he.TARGET])
+    if ref:
+        same(t, pd.read_csv(EVIDENCE / "horizon_full_table.csv"), ref)
+    by = list(he.SETTING)
+    router = t[t["policy"] == he.TARGET].set_index(by)["total_co2_kg"]
+    o = t[t["policy"] != he.TARGET].set_index(by)
+    np.testing.assert_allclose(o["saving_pct"], 100 * (1 - router.loc[o.index] / o["total_co2_kg"]),
+                               rtol=1e-9)
+    assert ((o["ci_low_pct"] <= o["saving_pct"]) & (o["saving_pct"] <= o["ci_high_pct"])).all()
+    assert not t["held_out"].any() and not v["held_out"].any() and not b["held_out"].any()
+    bounds = pd.read_csv(EVIDENCE / f"horizon_{grid}_bound.csv")
+    shares = b.merge(bounds[[*by, "bound_kg"]].drop_duplicates(), on=by)
+    assert len(shares) == len(b) == 32 * (len(he.ONLINE) + 2)
+    assert (shares["bound_kg_x"] == shares["bound_kg_y"]).all()
+    sa = shares["session_affinity_kg"]
+    assert shares["share_of_possible_saving"].to_numpy() == pytest.approx(
+        ((sa - shares["co2_kg"]) / (sa - shares["bound_kg_x"])).to_numpy(), rel=1e-12)
+    return t, v, b
+
+
+@pytest.mark.parametrize("grid", ["full", "fresh"])
+def test_the_defaults_grids_follow_from_their_runs(grid):
+    # docs/evidence/horizon_slot16_{grid}_*.csv (slot16.py full|fresh): :func:`_slot16_grid`;
+    # its verdicts are the slot16 J table's (horizon_length.py slot16-{grid}) to the last digit
+    t, v, _ = _slot16_grid(grid)
+    j = pd.read_csv(EVIDENCE / f"horizon_length_pair_{grid}_slot16_verdicts.csv")
+    j = j[j["router"] == _evidence_module("slot16").SLOT16_LABEL]
+    m = v.merge(j, on=list(he.SETTING), suffixes=("", "_j"))
+    assert len(m) == 32
+    for col in ("co2_rel", "best_other", "saving_vs_best_pct", "ci_low_pct", "ci_high_pct",
+                "lowest_co2", "p95_ttft_s"):
+        assert (m[col] == m[f"{col}_j"]).all(), col
+
+
+def test_the_defaults_scale_sweep_follows_from_its_runs():
+    # docs/evidence/horizon_slot16_scale_*.csv (slot16.py scale, held-out for its horizon): the
+    # router's runs are the slot16 J scale table's, the pair with J = 16's and every online
+    # policy's the committed pair scale table's, to the last digit; the verdicts follow from the
+    # table and are the slot16 J scale verdicts'
+    s16 = _evidence_module("slot16")
+    by = list(he.SCALE_BY)
+    key = [*by, "policy"]
+    t = pd.read_csv(EVIDENCE / "horizon_slot16_scale_table.csv")
+    v = pd.read_csv(EVIDENCE / "horizon_slot16_scale_verdicts.csv")
+    assert set(t["policy"]) == {*he.ONLINE, he.TARGET, s16.PAIR_J16} and len(t) == 16 * 8
+    pd.testing.assert_frame_equal(he.verdicts(t, by=he.SCALE_BY).reset_index(drop=True), v,
+                                  check_dtype=False)
+    assert v["held_out"].all()
+    for mine, name, which in (
+            (t.assign(policy=t["policy"].replace(he.TARGET, s16.SLOT16_LABEL)),
+             "horizon_length_pair_scale_slot16_table", [s16.SLOT16_LABEL]),
+            (t.assign(policy=t["policy"].replace({he.TARGET: "router",
+                                                  s16.PAIR_J16: he.TARGET})),
+             "horizon_kv_price_pair_scale_table", [*he.ONLINE, he.TARGET])):
+        theirs = pd.read_csv(EVIDENCE / f"{name}.csv")
+        m = mine[mine["policy"].isin(which)].merge(theirs[theirs["policy"].isin(which)], on=key)
+        assert len(m) == 16 * len(which)
+        for col in ("total_co2_kg", "p95_ttft_s"):
+            assert (m[f"{col}_x"] == m[f"{col}_y"]).all(), (name, col)
+    j = pd.read_csv(EVIDENCE / "horizon_length_pair_scale_slot16_verdicts.csv")
+    j = j[j["router"] == s16.SLOT16_LABEL]
+    m = v.merge(j, on=by, suffixes=("", "_j"))
+    assert len(m) == 16 and (m["lowest_co2"] == m["lowest_co2_j"]).all()
+    assert (m["saving_vs_best_pct"] == m["saving_vs_best_pct_j"]).all()
+
+
+def test_the_defaults_ablations_follow_from_their_runs():
+    # docs/evidence/horizon_slot16_variants.csv (slot16.py variants): the ablations and forecast
+    # errors of J = 1 with the slot price over 16 turns in the full grid's four settings with
+    # ablations. The online policies, the oracle gate, the router and the pair with J = 16 are
+    # its full grid's runs, and J = 0 (neither price, no slot price: the same router
+    # whatever its J was) the pair's J = 0, to the last digit; no setting is held-out
+    s16 = _evidence_module("slot16")
+    t = pd.read_csv(EVIDENCE / "horizon_slot16_variants.csv")
+    key = list(he.SETTING)
+    settings = he.grid_settings("full")[1]
+    labels = [*he.ONLINE, *he.REFERENCE, he.TARGET, s16.PAIR_J16, *he.VARIANTS,
+              *(he.noise_label(s) for s in he.NOISE)]
+    assert sorted(t["policy"].unique()) == sorted(labels) and not t["held_out"].any()
+    assert len(t) == len(settings) * len(labels)
+    cols = [*key, "policy", "total_co2_kg", "p95_ttft_s"]
+
+    def same(mine: pd.DataFrame, theirs: pd.DataFrame, n: int) -> None:
+        m = mine[cols].merge(theirs[cols], on=[*key, "policy"])
+        assert len(m) == len(mine) == n
+        assert (m["total_co2_kg_x"] == m["total_co2_kg_y"]).all()
+        assert (m["p95_ttft_s_x"] == m["p95_ttft_s_y"]).all()
+
+    full = pd.read_csv(EVIDENCE / "horizon_slot16_full_table.csv")
+    same(t[t["policy"].isin([*he.ONLINE, *he.REFERENCE, he.TARGET, s16.PAIR_J16])], full,
+         4 * (len(he.ONLINE) + 3))
+    j0 = "w/o horizon pricing (J = 0)"
+    same(t[t["policy"] == j0], pd.read_csv(EVIDENCE / "horizon_kv_price_pair_variants.csv"), 4)
+    p = t[t["policy"] == he.TARGET].set_index(key)["total_co2_kg"]
+    o = t[t["policy"] != he.TARGET]
+    diff = p.loc[list(map(tuple, o[key].to_numpy().tolist()))].to_numpy() - o["total_co2_kg"]
+    assert ((o["saving_pct"] > 0) == (diff.to_numpy() < 0)).all()
+    assert ((o["ci_low_pct"] <= o["saving_pct"]) & (o["saving_pct"] <= o["ci_high_pct"])).all()

@@ -30,9 +30,8 @@ against J = 16 on the full grid without the slot price. ``slot16-full|slot16-fre
 (``slot_turns=16``), designed on the full grid after ``roles``; the fresh weeks and the scale
 sweep (``slot16-scale``) are held-out for it. Run from the repository root:
 ``.venv/bin/python docs/evidence/horizon_length.py
-full|fresh|scale|roles|slot16-full|slot16-fresh|slot16-scale|slot16-reference|slot16-variants``.
-``slot16-reference`` and ``slot16-variants`` (:func:`slot16_parts`): its saving over the oracle
-gate, and its ablations and forecast errors, as for J = 16.
+full|fresh|scale|roles|slot16-full|slot16-fresh|slot16-scale``. Its saving over the oracle
+gate, its ablations and forecast errors, and its tables as the router: :mod:`slot16`.
 """
 
 from __future__ import annotations
@@ -198,7 +197,7 @@ def slot16(grid: str) -> None:
     print(wide.groupby(level=["dataset", "memory"]).median().round(3).to_string())
 
 
-#: J = 1 with the slot price over 16 turns as the router's parameters (the proposed default).
+#: J = 1 with the slot price over 16 turns as the router's parameters (slot16.py's router).
 SLOT16_ROUTER: dict[str, Any] = SLOT16["J = 1, slot price over 16 turns"]
 
 
@@ -216,47 +215,7 @@ def slot16_variants() -> dict[str, dict[str, Any]]:
     return out
 
 
-def slot16_runs(settings, variants_in=()) -> pd.DataFrame:
-    """:data:`SLOT16_ROUTER` as the router in ``settings`` in notebook 09's two phases
-    (CarbonRouter first, its P95 TTFT per setting the router's SLO), with every online policy
-    and the oracle gate; in ``variants_in`` also :func:`slot16_variants` and the forecast
-    errors over it."""
-    first = he.grid(settings, noise=(), reference=())
-    slo = he.ttft_slos(sweep.run_sweep(list(he.slo_runs(first)["spec"])), first)
-    return he.grid(settings, variants_in=variants_in, variants=slot16_variants(),
-                   noise=he.NOISE if variants_in else (), target_params=SLOT16_ROUTER,
-                   ttft_slo=slo)
-
-
-def slot16_parts(part: str) -> None:
-    """``slot16-reference``: :data:`SLOT16_ROUTER` against CarbonRouter with the oracle gate in
-    every setting of the full grid → ``horizon_length_pair_full_slot16_reference.csv`` (its
-    row and the oracle gate's, :func:`carbonrouter_lib.horizon_eval.table`: its saving over
-    the gate with the paired CI), as ``kv_price.py pair-reference`` for J = 16.
-    ``slot16-variants``: its ablations and forecast errors in the four settings of notebook 09's
-    ablations → ``horizon_length_pair_slot16_variants.csv``, as ``kv_price.py pair-variants``.
-    No setting is held-out (it was designed on the full grid)."""
-    settings, with_variants = he.grid_settings("full")
-    if part == "reference":
-        runs = slot16_runs(settings)
-        t = he.table(sweep.run_sweep(list(runs["spec"])), runs, designed_on=settings)
-        t = t[t["policy"].isin([*he.REFERENCE, he.TARGET])].reset_index(drop=True)
-        name = "horizon_length_pair_full_slot16_reference"
-    else:
-        runs = slot16_runs(with_variants, with_variants)
-        t = he.table(sweep.run_sweep(list(runs["spec"])), runs, designed_on=with_variants)
-        name = "horizon_length_pair_slot16_variants"
-    label = "J = 1, slot price over 16 turns"
-    print_drift(t.assign(policy=t["policy"].replace(he.TARGET, label)),
-                "horizon_length_pair_full_slot16_table.csv", he.SETTING, label)
-    save_table(t, name, HERE, parquet=False)
-    print(t[[*he.SETTING, "policy", "co2_rel", "saving_pct", "ci_low_pct", "ci_high_pct",
-             "p95_ttft_s"]].round(3).to_string())
-
-
 def main(grid: str) -> None:
-    if grid in ("slot16-reference", "slot16-variants"):
-        return slot16_parts(grid.removeprefix("slot16-"))
     if grid.startswith("slot16-"):
         return slot16(grid.removeprefix("slot16-"))
     if grid == "scale":
@@ -266,8 +225,7 @@ def main(grid: str) -> None:
         return roles()
     if grid not in ("full", "fresh"):
         raise SystemExit(f"horizon_length.py: grid must be 'full', 'fresh', 'scale', 'roles', "
-                         f"'slot16-full', 'slot16-fresh', 'slot16-scale', 'slot16-reference' or "
-                         f"'slot16-variants', got {grid!r}")
+                         f"'slot16-full', 'slot16-fresh' or 'slot16-scale', got {grid!r}")
     t, s, _ = grid_tables(grid, LENGTHS, f"horizon_length_pair_{grid}", "horizon")
     wide = s.pivot_table(index=list(he.SETTING), columns="policy", sort=False,
                          values="share_of_possible_saving")[[*LENGTHS, he.TARGET]]
