@@ -34,15 +34,18 @@ POLICIES = ("session-affinity", "carbon-affinity", "gar", "faircarbon", "carbonr
             "carbonrouter", "carbonrouter-horizon")
 #: Variants that ``--policies`` may name beside the registry's: label → (policy, parameters).
 VARIANTS = {
-    # the default router (the pair of docs/model.md §11.4a) given a 0.5-s SLO, so that the TTFT
-    # price prices and ν moves; and the router before the pair
+    # the default router (docs/model.md §11.4a: J = 1, the slot price over 16 turns, since
+    # 2026-12-07) given a 0.5-s SLO, so that the TTFT price prices and ν moves; the router
+    # before the pair
     "carbonrouter-horizon (0.5-s TTFT SLO)": ("carbonrouter-horizon", {"ttft_slo_s": 0.5}),
-    "carbonrouter-horizon (before the pair)": ("carbonrouter-horizon", {"kv_price": False}),
-    # the default with a shorter horizon: how much of its extra time is the J future turns
-    "carbonrouter-horizon (J = 4)": ("carbonrouter-horizon", {"horizon": 4}),
-    "carbonrouter-horizon (J = 1)": ("carbonrouter-horizon", {"horizon": 1}),
-    "carbonrouter-horizon (J = 1, slot price over 16 turns)": (
-        "carbonrouter-horizon", {"horizon": 1, "slot_turns": 16}),
+    "carbonrouter-horizon (before the pair)": ("carbonrouter-horizon", {"kv_price": False,
+                                                                        "horizon": 16,
+                                                                        "slot_turns": None}),
+    # the pair with J = 16 (the default from 2026-12-06 to 2026-12-07), and other horizons with
+    # the slot price over J: how much of its extra time is the J future turns
+    "carbonrouter-horizon (J = 16)": ("carbonrouter-horizon", {"horizon": 16, "slot_turns": None}),
+    "carbonrouter-horizon (J = 4)": ("carbonrouter-horizon", {"horizon": 4, "slot_turns": None}),
+    "carbonrouter-horizon (J = 1)": ("carbonrouter-horizon", {"horizon": 1, "slot_turns": None}),
 }
 
 

@@ -75,7 +75,10 @@ VARIANTS = {f"{horizon_eval.TARGET} w/o slot price": (horizon_eval.TARGET,
             f"{horizon_eval.TARGET} with the KV price counting every loss": (
                 horizon_eval.TARGET, {"kv_loss": "all"}),
             f"{horizon_eval.TARGET} before the pair": (horizon_eval.TARGET,
-                                                       dict(horizon_eval.BEFORE_PAIR))}
+                                                       dict(horizon_eval.BEFORE_PAIR)),
+            # the pair with J = 16 (the default from 2026-12-06 to 2026-12-07), with the SLO
+            f"{horizon_eval.TARGET} with J = 16 and a 0.5-s TTFT SLO": (
+                horizon_eval.TARGET, dict(horizon_eval.PAIR_J16) | {"ttft_slo_s": 0.5})}
 _GATES: dict[tuple, gate.LearnedGate] = {}
 
 

@@ -19,7 +19,10 @@ taken on all of them — its parameters were not. The fallback exit and the opti
 defaults since 2026-12-05; docs/model.md §11.4a) were designed while looking at the tuned setting
 and at ShareGPT with ample KV memory in winter (:data:`DESIGNED_ON`, both marked not held-out);
 they add no parameter. The fresh weeks (:data:`FRESH_WEEKS`, grid ``"fresh"``) had never been
-replayed when they were designed: all 32 of their settings are held-out.
+replayed when they were designed: all 32 of their settings are held-out. The horizon the
+router has had since 2026-12-07 (J = 1, the slot price's remaining time over 16 turns; before,
+J = 16 for both) was chosen on the full grid: the fresh weeks and the scale sweep are held-out
+for that choice (docs/evidence/horizon_length.py, slot16.py).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ __all__ = ["TARGET", "ONLINE", "REFERENCE", "FORMER", "VARIANTS", "NOISE", "TUNE
            "variants_table", "bound_shares", "first_turn_split", "held_out", "with_ttft_slo",
            "TTFT_SLO_FROM", "NO_TTFT_SLO", "TTFT_SLO_DESIGNED_ON", "TOLD", "GAP_PARTS",
            "gap_to_bound", "TURN_KINDS", "turn_kinds", "by_turn_kind", "caching_ceiling",
-           "previous_served", "gap_by_turn_kind", "FollowPath", "BEFORE_PAIR",
+           "previous_served", "gap_by_turn_kind", "FollowPath", "BEFORE_PAIR", "PAIR_J16",
            "VARIANTS_BEFORE_PAIR", "ttft_slos", "table_slos", "slo_runs", "DESIGNED_ON_PAIR"]
 
 #: The router evaluated (registry name; its defaults, and as its SLO CarbonRouter's P95 TTFT in
@@ -62,8 +65,13 @@ REFERENCE: tuple[str, ...] = ("carbonrouter-oracle-gate",)
 #: priced_bound.py, option_to_move.py) pin them, so their tables stay that router's.
 FORMER: dict[str, Any] = {"exit": "cheapest", "option": False}
 #: The router before the pair became its default (2026-12-06; docs/model.md §11.4a): no KV price
-#: (and no SLO). The evidence scripts of that router pin it, so their tables stay its.
-BEFORE_PAIR: dict[str, Any] = {"kv_price": False}
+#: (and no SLO), J = 16 with the slot price over J (its horizon until 2026-12-07). The evidence
+#: scripts of that router pin it, so their tables stay its.
+BEFORE_PAIR: dict[str, Any] = {"kv_price": False, "horizon": 16, "slot_turns": None}
+#: The pair as it was the default from 2026-12-06 to 2026-12-07: J = 16, the slot price over J
+#: (the defaults since are J = 1, the slot price over 16 turns). The evidence scripts of its
+#: tables (``*_pair_*``) pin it, so their tables stay its.
+PAIR_J16: dict[str, Any] = {"horizon": 16, "slot_turns": None}
 #: That router's ablations and its release variant: label → HorizonRouter parameters.
 VARIANTS_BEFORE_PAIR: dict[str, dict[str, Any]] = {
     "w/o horizon pricing (J = 0)": {"horizon": 0},

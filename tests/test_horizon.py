@@ -85,8 +85,9 @@ def test_stays_where_the_greedy_proposal_switches():
 
 
 def test_leaves_a_cache_when_the_grid_stays_dirty_for_hours():
-    # A 300, B 250 all the time. Greedy: 250·E(miss) > 300·E(hit) → stay on A's cache. Over the
-    # rest of the session the 50 gCO2e/kWh of every later turn outweighs one recomputation.
+    # With J = 16 future turns priced. A 300, B 250 all the time. Greedy: 250·E(miss) >
+    # 300·E(hit) → stay on A's cache. Over the rest of the session the 50 gCO2e/kWh of every
+    # later turn outweighs one recomputation.
     rows = 2 * DAY
     table = two_turns(600.0)
     sig = signal_from(np.full(rows, 300.0), np.full(rows, 250.0))
@@ -98,12 +99,16 @@ def test_leaves_a_cache_when_the_grid_stays_dirty_for_hours():
     sig = signal_from(a, np.full(rows, 250.0))
     greedy = replay(table, "carbonrouter-no-gate", sig)
     assert list(greedy["region"]) == ["A", "A"]  # the greedy proposal keeps the cache
-    h = replay(table, HorizonRouter(forecast="persistence", continuation=1.0,
+    h = replay(table, HorizonRouter(horizon=16, forecast="persistence", continuation=1.0,
                                     model=certain_model()), sig)
     assert list(h["region"]) == ["A", "B"] and h.loc[1, "switched"]
-    # …and one future turn is not enough to pay for the recomputation
-    short = replay(table, HorizonRouter(horizon=1, forecast="persistence", continuation=1.0,
+    # …and one future turn is not enough to pay for the recomputation: the default's J = 1
+    # (since 2026-12-07) keeps the cache here, as the greedy proposal does
+    short = replay(table, HorizonRouter(forecast="persistence", continuation=1.0,
                                         model=certain_model()), sig)
+    assert short.equals(replay(table, HorizonRouter(horizon=1, forecast="persistence",
+                                                    continuation=1.0, model=certain_model()),
+                               sig))
     assert list(short["region"]) == ["A", "A"]
 
 
@@ -169,9 +174,7 @@ def test_parameters_are_validated_and_recorded():
                 {"slot_credit": False, "slot_price": False}, {"slot_credit": 0},
                 {"slot_residence": True, "horizon": 0},
                 {"slot_price": True, "slot_residence": 1},
-                {"slot_turns": 0}, {"slot_turns": True}, {"slot_turns": 2.0},
-                {"slot_turns": 4, "slot_price": False},
-                {"slot_turns": 4, "slot_residence": True}):
+                {"slot_turns": 0}, {"slot_turns": True}, {"slot_turns": 2.0}):
         with pytest.raises(ValueError):
             HorizonRouter(**bad)
     assert not HorizonRouter(horizon=0).needs_model
@@ -183,12 +186,21 @@ def test_parameters_are_validated_and_recorded():
     assert off.params()["slot_price"] is False and "slot_smoothing" not in off.params()
     assert "slot_credit" not in on.params()
     assert HorizonRouter(slot_credit=False).params()["slot_credit"] is False
-    assert "slot_turns" not in on.params()
-    assert HorizonRouter(horizon=1, slot_turns=16).params()["slot_turns"] == 16
-    assert HorizonRouter(horizon=1, slot_turns=16).model_horizon == 16 == on.model_horizon
-    assert HorizonRouter(horizon=4).model_horizon == 4
+    # the defaults since 2026-12-07: J = 1, the slot price over 16 turns; slot_turns is
+    # recorded where it acts (the slot price on, no residence), and acts nowhere else
+    assert on.horizon == 1 and on.slot_horizon == 16 == on.model_horizon
+    assert on.params()["slot_turns"] == 16 and "slot_turns" not in off.params()
+    assert HorizonRouter(horizon=4, slot_turns=None).params()["slot_turns"] is None
+    assert HorizonRouter(horizon=4, slot_turns=None).model_horizon == 4
+    assert HorizonRouter(horizon=4).model_horizon == 16
+    assert HorizonRouter(horizon=24).model_horizon == 24
+    assert off.slot_horizon == 1 == off.model_horizon
+    residence = HorizonRouter(horizon=4, slot_residence=True)
+    assert residence.slot_horizon == 4 and "slot_turns" not in residence.params()
+    assert HorizonRouter(horizon=0).slot_horizon == 0 and not HorizonRouter(horizon=0).needs_model
     for router in (on, off, HorizonRouter(slot_smoothing=0.1, slot_residence=True),
-                   HorizonRouter(slot_credit=False), HorizonRouter(horizon=1, slot_turns=16)):
+                   HorizonRouter(slot_credit=False), HorizonRouter(horizon=16, slot_turns=None),
+                   HorizonRouter(horizon=4, slot_turns=None)):
         assert HorizonRouter(**router.params()).params() == router.params()
     assert HorizonRouter(slot_smoothing=0.1).params()["slot_smoothing"] == 0.1
 
@@ -244,8 +256,9 @@ def test_the_residence_slot_price_is_the_slot_price_when_sessions_never_leave():
     for label, kw in {"plain, rho 1": {"continuation": 1.0},
                       "residence, rho 1": {"continuation": 1.0, "slot_residence": True},
                       "plain": {}, "residence": {"slot_residence": True}}.items():
-        runs[label] = simulator.simulate(table, HorizonRouter(slot_price=True, model=model,
-                                                              **kw), sim,
+        # J = 16, so that the plain slot price and the residence sum over the same turns
+        runs[label] = simulator.simulate(table, HorizonRouter(horizon=16, slot_price=True,
+                                                              model=model, **kw), sim,
                                          backend=backend).records
     pd.testing.assert_frame_equal(runs["plain, rho 1"], runs["residence, rho 1"])
     assert not runs["plain"]["deployment"].equals(runs["residence"]["deployment"])
@@ -875,10 +888,11 @@ def test_the_default_router_is_the_pair():
 
 
 def test_the_slot_prices_turns_apart_from_the_horizon():
-    # slot_turns = J is the default router to the last digit; slot_turns sums the slot price's
+    # slot_turns = J is slot_turns None to the last digit; slot_turns sums the slot price's
     # remaining time over its own turns (the horizon model fitted for the larger of the two),
-    # so J = 1 with the slot price over 16 turns decides unlike J = 1 and unlike J = 16; a
-    # model fitted for fewer turns than slot_turns is refused.
+    # so J = 1 with the slot price over 16 turns (the default) decides unlike J = 1 and unlike
+    # J = 16; without the slot price slot_turns changes nothing; a model fitted for fewer turns
+    # than slot_turns is refused.
     table, sim, model = _slot_table()
     backend = setting.backend_config(table, sim)
 
@@ -886,11 +900,15 @@ def test_the_slot_prices_turns_apart_from_the_horizon():
         return simulator.simulate(table, HorizonRouter(model=model, **kw), sim,
                                   backend=backend).records
 
-    pd.testing.assert_frame_equal(run(), run(slot_turns=16))
-    pd.testing.assert_frame_equal(run(horizon=4), run(horizon=4, slot_turns=4))
-    one, apart = run(horizon=1), run(horizon=1, slot_turns=16)
+    j16 = run(horizon=16, slot_turns=None)
+    pd.testing.assert_frame_equal(j16, run(horizon=16, slot_turns=16))
+    pd.testing.assert_frame_equal(run(horizon=4, slot_turns=None), run(horizon=4, slot_turns=4))
+    one, apart = run(horizon=1, slot_turns=None), run()
+    pd.testing.assert_frame_equal(apart, run(horizon=1, slot_turns=16))
     assert not one["deployment"].equals(apart["deployment"])
-    assert not apart["deployment"].equals(run()["deployment"])
+    assert not apart["deployment"].equals(j16["deployment"])
+    pd.testing.assert_frame_equal(run(horizon=1, slot_price=False, slot_turns=None),
+                                  run(horizon=1, slot_price=False))
     with pytest.raises(ValueError, match="prices 4 future turns"):
         HorizonRouter(horizon=1, slot_turns=16).set_model(
             fit_horizon_model(table, horizon=4))

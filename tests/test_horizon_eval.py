@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import math
 from pathlib import Path
 
@@ -60,7 +61,7 @@ def test_the_router_is_evaluated_with_carbonrouters_p95_as_its_slo():
     # the router before the pair, pinned by its evidence scripts
     pinned = he.scale_grid("smoke", max_conversations=30, target_params=he.BEFORE_PAIR)
     assert pinned[pinned["policy"] == he.TARGET]["spec"].iloc[0].policy_params == {
-        "kv_price": False}
+        "kv_price": False, "horizon": 16, "slot_turns": None}
 
 
 def test_the_router_before_the_pair_is_pinned_by_its_evidence_scripts():
@@ -83,12 +84,45 @@ def test_the_router_before_the_pair_is_pinned_by_its_evidence_scripts():
             EVIDENCE / f"{name}.py").read_text()
     router_params = _evidence_module("gap").router_params
     assert router_params(dict(he.TUNED), None) == he.BEFORE_PAIR
-    assert router_params(dict(he.TUNED), {tuple(he.TUNED.values()): 0.9}) == {"ttft_slo_s": 0.9}
+    assert router_params(dict(he.TUNED), {tuple(he.TUNED.values()): 0.9}) == {
+        "horizon": 16, "slot_turns": None, "ttft_slo_s": 0.9}
     # slot16.py replays the routers since the pair only, each with its parameters given
+    # (the default since 2026-12-07 and he.PAIR_J16)
     assert scripts.pop("slot16") is False
     assert len(scripts) >= 12 and all(scripts.values()), scripts
     assert "target_params=he.BEFORE_PAIR" in inspect.getsource(
         _evidence_module("slot_credit").variant_runs)
+
+
+def test_the_pair_with_j16_is_pinned_by_the_scripts_of_its_tables():
+    # the pair's tables (*_pair_*: its grids, scale sweep, parts, oracle gate, told references,
+    # gap, returns, recompute ceiling and horizon lengths) were made while J = 16 was the
+    # default; their scripts pin he.PAIR_J16, which under today's defaults is that router
+    # (J = 16, the slot price over J), so that rerunning a script makes its table again
+    from carbonrouter_lib.policies import HorizonRouter
+
+    old = HorizonRouter(**he.PAIR_J16)
+    assert old.horizon == old.slot_horizon == old.model_horizon == 16
+    assert HorizonRouter(**he.PAIR_J16).params() == HorizonRouter(
+        horizon=16, slot_turns=16).params() | {"slot_turns": None}
+    assert HorizonRouter(**he.BEFORE_PAIR).slot_horizon == 16
+    # the routers of slot16.py's tables, computed before the defaults changed with their
+    # parameters given: the default router since, and the pair with J = 16
+    s16 = _evidence_module("slot16")
+    assert HorizonRouter(**s16.SLOT16_ROUTER).params() == HorizonRouter().params()
+    assert s16.SLOT16_ROUTER == {"horizon": 1, "slot_turns": 16}
+    for name in ("kv_price", "told", "gap", "slot16"):
+        assert "he.PAIR_J16" in (EVIDENCE / f"{name}.py").read_text(), name
+    for name in ("returns", "recompute_ceiling"):  # through gap.router_params
+        assert "router_params(st, slo)" in (EVIDENCE / f"{name}.py").read_text(), name
+    kv = _evidence_module("kv_price")
+    for fn in (kv.pair_runs, kv.pair_scale_runs, kv.pair_variant_runs):
+        assert "target_params=he.PAIR_J16" in inspect.getsource(fn), fn.__name__
+    assert "target_params=he.PAIR_J16" in inspect.getsource(_evidence_module("told").pair_runs)
+    hl = _evidence_module("horizon_length")
+    assert inspect.getsource(hl.scale_runs).count("he.PAIR_J16") == 2
+    for fn in (hl.grid_tables, hl.roles):  # through told.pair_runs
+        assert "pair_runs(" in inspect.getsource(fn), fn.__name__
 
 
 def test_grid_runs_every_online_policy_and_the_variants_only_where_asked():
@@ -2342,32 +2376,50 @@ def test_the_pairs_ablations_follow_from_their_runs():
     assert ((o["ci_low_pct"] <= o["saving_pct"]) & (o["saving_pct"] <= o["ci_high_pct"])).all()
 
 
+def _at_setting(frame: pd.DataFrame, st: dict[str, str], policy: str) -> pd.Series:
+    """The one row of ``frame`` of ``policy`` in setting ``st`` (some of :data:`he.SETTING`)."""
+    sel = (frame["policy"] == policy) & np.logical_and.reduce(
+        [frame[k] == v for k, v in st.items()])
+    assert sel.sum() == 1
+    return frame[sel].iloc[0]
+
+
+def _saving_ci(r: pd.Series) -> str:
+    """A row's saving with its CI, as the model document writes it."""
+    return f"{_num(r['saving_pct'])}% [{_num(r['ci_low_pct'])}, {_num(r['ci_high_pct'])}]"
+
+
+#: The four settings of the ablations, in the order docs/model.md states them.
+PARTS_ORDER = [he.TUNED, {**he.TUNED, "memory": "paper x10"}, {**he.TUNED, "dataset": "mooncake"},
+               {**he.TUNED, "dataset": "mooncake", "memory": "paper x10"}]
+
+
+def _parts_row(t: pd.DataFrame, policy: str) -> str:
+    """The saving over ``policy`` with its CI in each of :data:`PARTS_ORDER`."""
+    return " / ".join(_saving_ci(_at_setting(t, st, policy)) for st in PARTS_ORDER)
+
+
+def _noise_costs(t: pd.DataFrame) -> str:
+    """What each forecast error costs the router at the tuned setting, %."""
+    return " / ".join(_num(_at_setting(t, he.TUNED, he.noise_label(s))["saving_pct"])
+                      for s in he.NOISE)
+
+
+def _below_oracle(t: pd.DataFrame) -> int:
+    """The settings of :data:`PARTS_ORDER` where the router emits less than the oracle gate."""
+    return sum(bool(_at_setting(t, st, he.REFERENCE[0])["ci_low_pct"] > 0) for st in PARTS_ORDER)
+
+
 def _pair_parts_said() -> str:
     """What docs/model.md states of the pair's ablations (horizon_kv_price_pair_variants.csv)."""
     t, kp = _pair_variants()
     full = pd.read_csv(EVIDENCE / "horizon_full_table.csv")
-    order = [he.TUNED, {**he.TUNED, "memory": "paper x10"},
-             {**he.TUNED, "dataset": "mooncake"},
-             {**he.TUNED, "dataset": "mooncake", "memory": "paper x10"}]
-
-    def at(frame: pd.DataFrame, st: dict[str, str], policy: str) -> pd.Series:
-        sel = (frame["policy"] == policy) & np.logical_and.reduce(
-            [frame[k] == v for k, v in st.items()])
-        assert sel.sum() == 1
-        return frame[sel].iloc[0]
-
-    def ci(r: pd.Series) -> str:
-        return f"{_num(r['saving_pct'])}% [{_num(r['ci_low_pct'])}, {_num(r['ci_high_pct'])}]"
+    at, ci, oracle, ample = _at_setting, _saving_ci, he.REFERENCE[0], PARTS_ORDER[1]
 
     def row(policy: str) -> str:
-        return " / ".join(ci(at(t, st, policy)) for st in order)
+        return _parts_row(t, policy)
 
-    noise = [he.noise_label(s) for s in he.NOISE]
-    pair_noise = " / ".join(_num(at(t, he.TUNED, n)["saving_pct"]) for n in noise)
-    default_noise = " / ".join(_num(at(full, he.TUNED, n)["saving_pct"]) for n in noise)
-    oracle = he.REFERENCE[0]
-    below = sum(bool(at(t, st, oracle)["ci_low_pct"] > 0) for st in order)
-    ample = order[1]
+    pair_noise, default_noise, below = _noise_costs(t), _noise_costs(full), _below_oracle(t)
     return (f"Its saving over each, at the tuned setting / with ample memory / on the Mooncake "
             f"trace / on it with ample memory: without the KV price (the TTFT price alone) "
             f"{row('w/o KV price (the TTFT price alone)')}; without the TTFT price (the KV price "
@@ -2439,16 +2491,7 @@ def test_the_pair_against_the_oracle_gate_follows_from_its_runs():
 def test_the_decision_on_the_default_states_the_three_evaluations():
     # docs/model.md §11.4a's decision: the pair's and the current default router's verdicts over
     # the full grid, the fresh weeks and the scale sweep, counted from their verdict tables
-    def counts(names: list[str]) -> tuple[int, int, int, int, int]:
-        h = ti = f = ok = n = 0
-        for name in names:
-            v = pd.read_csv(EVIDENCE / f"{name}_verdicts.csv")
-            c = v["lowest_co2"].value_counts()
-            h, ti, f = h + c.get("holds", 0), ti + c.get("tie", 0), f + c.get("fails", 0)
-            ok += int((v["p95_ttft_s"] <= v["p95_ttft_carbonrouter_s"]).sum())
-            n += len(v)
-        return n, h, ti, f, ok
-
+    counts = _verdict_counts
     n, h, ti, f, ok = counts([f"horizon_kv_price_pair_{g}" for g in ("full", "fresh", "scale")])
     dn, dh, dti, df, dok = counts([f"horizon_{g}" for g in ("full", "fresh", "scale")])
     assert n == dn == 80
@@ -2464,29 +2507,14 @@ def test_the_decision_on_the_default_states_the_three_evaluations():
 
 
 def test_the_readme_states_the_default_routers_grid():
-    # the README's table of the default router (the pair) at seven settings of the full grid, and
-    # its account of the targets, from the pair's committed tables (horizon_kv_price_pair_*)
+    # the README's table of the pair with J = 16 (the default router from 2026-12-06 to
+    # 2026-12-07) at seven settings of the full grid, and its account of the targets, from the
+    # pair's committed tables (horizon_kv_price_pair_*)
     key = list(he.SETTING)
     t = pd.read_csv(EVIDENCE / "horizon_kv_price_pair_full_table.csv")
     v = pd.read_csv(EVIDENCE / "horizon_kv_price_pair_full_verdicts.csv").set_index(key)
     ref = pd.read_csv(EVIDENCE / "horizon_kv_price_pair_full_reference.csv")
-    short = {"carbon-affinity": "CA", "carbonrouter-no-gate": "CR w/o gate", "carbonrouter": "CR"}
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    rows = [line for line in readme.splitlines() if line.startswith(("| sharegpt / ",
-                                                                     "| mooncake / "))]
-    assert len(rows) == 7
-    for line in rows:
-        cells = [c.strip() for c in line.split("|")[1:-1]]
-        ds, rs, mem, season = cells[0].split(" / ")
-        k = (ds, rs, "paper x10" if mem == "10× K·C̄" else mem, season)
-        g = t[(t[key] == list(k)).all(axis=1)].set_index("policy")
-        r = v.loc[k]
-        assert cells[1] == " / ".join(f"{g.loc[p, 'co2_rel']:.3f}" for p in (
-            "carbon-affinity", "carbonrouter-no-gate", "carbonrouter", he.TARGET))
-        assert cells[2] == (f"{short[r.best_other]}: {r.saving_vs_best_pct:+.1f} "
-                            f"[{r.ci_low_pct:+.1f}, {r.ci_high_pct:+.1f}]").replace("-", "−")
-        assert cells[3] == r.lowest_co2
-        assert cells[4] == f"{r.p95_ttft_s:.2f} / {r.p95_ttft_carbonrouter_s:.2f}"
+    for cells, k, _ in _readme_grid_rows("**The pair with J = 16.**", t, v):
         o = ref[(ref[key] == list(k)).all(axis=1) & (ref["policy"] == he.REFERENCE[0])]
         assert cells[5] == f"{o['co2_rel'].iloc[0]:.3f}"
     # the targets over the three evaluations
@@ -2546,10 +2574,10 @@ def _length_sentence(grid: str) -> str:
                        for label in [*hl.LENGTHS, he.TARGET] if label != he.TARGET)
     lowest_s, ttft_s = "/".join(map(str, sorted(lowest))), "/".join(map(str, sorted(ttft)))
     return (f"every J has the lowest CO2 of every online policy in {lowest_s} of 32 settings "
-            f"(point estimates) and a P95 TTFT at most CarbonRouter's in {ttft_s} of 32; the "
-            f"default's saving over each J, median (settings with its CI above 0 / below 0): "
+            f"(point estimates) and a P95 TTFT at most CarbonRouter's in {ttft_s} of 32; "
+            f"J = 16's saving over each J, median (settings with its CI above 0 / below 0): "
             f"{'; '.join(savings)}; share of the bound's possible saving, median (settings "
-            f"≥ 70%): {shares}, the default {100 * w[he.TARGET].median():.1f}% "
+            f"≥ 70%): {shares}, J = 16 {100 * w[he.TARGET].median():.1f}% "
             f"({(w[he.TARGET] >= 0.70).sum()})")
 
 
@@ -2601,12 +2629,10 @@ def test_the_committed_horizon_length_tables_follow_from_their_runs(grid):
     # each J's saving is the default's over it (from the CO2 totals) inside its CI; the shares
     # follow from the committed bounds; the README and docs/model.md state the tables.
     from carbonrouter_lib import bound
-    from carbonrouter_lib.policies import HorizonRouter
 
     hl = _evidence_module("horizon_length")
     assert [hl.label_horizon(label) for label in hl.LENGTHS] == [1, 4, 8, 12, 24]
-    horizon = inspect.signature(HorizonRouter).parameters["horizon"].default
-    assert hl.label_horizon(he.TARGET) == horizon == 16
+    assert hl.label_horizon(he.TARGET) == he.PAIR_J16["horizon"] == 16
     t = _check_length_table(grid, hl.LENGTHS, he.SETTING, 32)
     key = [*he.SETTING, "policy"]
     b = pd.read_csv(EVIDENCE / f"horizon_length_pair_{grid}_bound.csv")
@@ -2643,7 +2669,7 @@ def _length_scale_sentence() -> str:
         ttft.append(str(int((g["p95_ttft_s"] <= cr.loc[g.index]).sum())))
         if label != he.TARGET:
             parts.append(f"{label} emits less than J = 16 in {(g['ci_high_pct'] < 0).sum()} of 16 "
-                         f"settings and more in {(g['ci_low_pct'] > 0).sum()} (the default's "
+                         f"settings and more in {(g['ci_low_pct'] > 0).sum()} (J = 16's "
                          f"saving over it {g['saving_pct'].min():+.1f} to "
                          f"{g['saving_pct'].max():+.1f}%)")
     return (f"{'; '.join(parts)}; the lowest CO2 of every online policy (point estimates) in "
@@ -2893,8 +2919,8 @@ def test_the_committed_slot16_scale_tables_follow_from_their_runs():
 
 
 def _slot16_grid(grid: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """docs/evidence/horizon_slot16_{grid}_*.csv (slot16.py full|fresh), J = 1 with the slot
-    price over 16 turns the target: its runs are the committed slot16 J table's, the pair with
+    """docs/evidence/horizon_slot16_{grid}_*.csv (slot16.py full|fresh), the default router
+    since 2026-12-07 the target: its runs are the committed slot16 J table's, the pair with
     J = 16's and every online policy's the committed pair grid's, the oracle gate's the
     committed full grid's, to the last digit; the savings follow from the CO2 totals, the
     verdicts from the table, the shares from the committed bounds. Returns the three tables."""
@@ -2935,6 +2961,246 @@ def _slot16_grid(grid: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     assert shares["share_of_possible_saving"].to_numpy() == pytest.approx(
         ((sa - shares["co2_kg"]) / (sa - shares["bound_kg_x"])).to_numpy(), rel=1e-12)
     return t, v, b
+
+
+def _slot16_spans(grid: str) -> dict[str, str]:
+    """What the README and docs/model.md state of the default router's grid since 2026-12-07
+    (docs/evidence/horizon_slot16_{grid}_*.csv) against every online policy and the bound."""
+    s16 = _evidence_module("slot16")
+    v = pd.read_csv(EVIDENCE / f"horizon_slot16_{grid}_verdicts.csv")
+    b = pd.read_csv(EVIDENCE / f"horizon_slot16_{grid}_bound.csv")
+    t = pd.read_csv(EVIDENCE / f"horizon_slot16_{grid}_table.csv")
+    w = b.pivot_table(index=list(he.SETTING), columns="policy",
+                      values="share_of_possible_saving")
+    c = v["lowest_co2"].value_counts()
+    lead = v["saving_vs_best_pct"]
+    x = w[he.TARGET]
+    tuned = x.loc[tuple(he.TUNED[k] for k in he.SETTING)] if grid == "full" else np.nan
+    j16 = t[t["policy"] == s16.PAIR_J16]
+    return {"holds": f"{c.get('holds', 0)}", "ties": f"{c.get('tie', 0)}",
+            "fails": f"{c.get('fails', 0)}",
+            "lead": f"{_num(lead.min())} to {_num(lead.max())}%",
+            "ttft": f"{int((v['p95_ttft_s'] <= v['p95_ttft_carbonrouter_s']).sum())}",
+            "quality": v["quality_rel"].min(),
+            "span": f"{100 * x.min():.0f}–{100 * x.max():.0f}%",
+            "n70": f"{int((x >= 0.7).sum())}", "median": f"{100 * x.median():.1f}%",
+            "n70_j16": f"{int((w[s16.PAIR_J16] >= 0.7).sum())}",
+            "median_j16": f"{100 * w[s16.PAIR_J16].median():.1f}%",
+            "tuned": f"{100 * tuned:.1f}%",
+            "less_j16": f"{int((j16['ci_low_pct'] > 0).sum())}",
+            "more_j16": f"{int((j16['ci_high_pct'] < 0).sum())}"}
+
+
+def _slot16_targets() -> str:
+    """The README's account of the default router's targets since 2026-12-07, made from
+    docs/evidence/horizon_slot16_*.csv."""
+    s, f = _slot16_spans("full"), _slot16_spans("fresh")
+    sv = pd.read_csv(EVIDENCE / "horizon_slot16_scale_verdicts.csv")
+    c = sv["lowest_co2"].value_counts()
+    ok = int((sv["p95_ttft_s"] <= sv["p95_ttft_carbonrouter_s"]).sum())
+    q = min(s["quality"], f["quality"], sv["quality_rel"].min())
+    return (f"Over the full grid it has the lowest CO2 of every online policy in {s['holds']} of "
+            f"32 settings with paired CIs and ties in {s['ties']} ({s['lead']} below the best "
+            f"other online policy); in the fresh weeks {f['holds']} of 32 with {f['ties']} ties "
+            f"({f['lead']}); across the scale sweep {c.get('holds', 0)} of 16 with "
+            f"{c.get('tie', 0)} ties; it loses in none of the 80. Its P95 TTFT is at most "
+            f"CarbonRouter's in {s['ttft']} of 32, {f['ttft']} of 32 and {ok} of 16 settings, and "
+            f"its quality ≥ {math.floor(q * 1000) / 1000:.3f} of Session-Affinity's. It captures "
+            f"{s['span']} of the clairvoyant bound's possible saving over the full grid (median "
+            f"{s['median']}; {s['tuned']} at the tuned setting), ≥ 70% in {s['n70']} of 32 "
+            f"(fresh weeks {f['span']}, median {f['median']}, {f['n70']} of 32; with J = 16 "
+            f"{s['median_j16']} and {f['median_j16']}, {s['n70_j16']} and {f['n70_j16']}): the "
+            f"70% target is not met")
+
+
+def _readme_rows(marker: str) -> list[list[str]]:
+    """The cells of the README's first table of settings after ``marker``."""
+    lines = _readme_full_text().split(marker, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(("| sharegpt / ",
+                                                                       "| mooncake / ")))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("| "):
+            break
+        rows.append([c.strip() for c in line.split("|")[1:-1]])
+    return rows
+
+
+def _readme_grid_rows(marker: str, t: pd.DataFrame, v: pd.DataFrame):
+    """The README's table of seven settings after ``marker`` checked against the grid table
+    ``t`` and its verdicts ``v`` (indexed by :data:`he.SETTING`): the CO2 of Carbon-Affinity,
+    CarbonRouter without and with its gate and the router, its lead over the best other online
+    policy with its CI, the verdict, the P95 TTFTs. Yields each row's cells and its runs."""
+    key = list(he.SETTING)
+    short = {"carbon-affinity": "CA", "carbonrouter-no-gate": "CR w/o gate", "carbonrouter": "CR"}
+    rows = _readme_rows(marker)
+    assert len(rows) == 7
+    for cells in rows:
+        ds, rs, mem, season = cells[0].split(" / ")
+        k = (ds, rs, "paper x10" if mem == "10× K·C̄" else mem, season)
+        g = t[(t[key] == list(k)).all(axis=1)].set_index("policy")
+        r = v.loc[k]
+        assert cells[1] == " / ".join(f"{g.loc[p, 'co2_rel']:.3f}" for p in (
+            "carbon-affinity", "carbonrouter-no-gate", "carbonrouter", he.TARGET))
+        assert cells[2] == (f"{short[r.best_other]}: {r.saving_vs_best_pct:+.1f} "
+                            f"[{r.ci_low_pct:+.1f}, {r.ci_high_pct:+.1f}]").replace("-", "−")
+        assert cells[3] == r.lowest_co2
+        assert cells[4] == f"{r.p95_ttft_s:.2f} / {r.p95_ttft_carbonrouter_s:.2f}"
+        yield cells, k, g
+
+
+def _readme_full_text() -> str:
+    return (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+def _slot16_against_j16() -> str:
+    """The README's count of the settings where the default router since 2026-12-07 emits less
+    than the pair with J = 16 (docs/evidence/horizon_slot16_*_table.csv)."""
+    s16 = _evidence_module("slot16")
+    parts, more = [], 0
+    for grid, n, name in (("full", 32, "the full grid"), ("fresh", 32, "the fresh weeks"),
+                          ("scale", 16, "the scale sweep")):
+        t = pd.read_csv(EVIDENCE / f"horizon_slot16_{grid}_table.csv")
+        j = t[t["policy"] == s16.PAIR_J16]
+        assert len(j) == n
+        more += int((j["ci_high_pct"] < 0).sum())
+        parts.append(f"{int((j['ci_low_pct'] > 0).sum())} of {n}"
+                     + (" settings" if grid == "full" else "") + f" of {name}")
+    assert more == 0
+    return (f"It emits less than the pair with J = 16 in {parts[0]}, {parts[1]} and {parts[2]} "
+            f"(paired CIs), and more in none.")
+
+
+def test_the_readme_states_the_defaults_grid():
+    # the README's table of the default router since 2026-12-07 (J = 1, the slot price over 16
+    # turns) at the seven settings, and its account of the targets, from slot16.py's tables
+    s16 = _evidence_module("slot16")
+    key = list(he.SETTING)
+    t = pd.read_csv(EVIDENCE / "horizon_slot16_full_table.csv")
+    v = pd.read_csv(EVIDENCE / "horizon_slot16_full_verdicts.csv").set_index(key)
+    for cells, _, g in _readme_grid_rows(
+            "**Its horizon since 2026-12-07: J = 1, the slot price over 16 turns.**", t, v):
+        assert cells[5] == f"{g.loc[he.REFERENCE[0], 'co2_rel']:.3f}"
+        assert cells[6] == f"{g.loc[s16.PAIR_J16, 'co2_rel']:.3f}"
+    text = _readme_text()
+    for grid in ("full", "fresh"):
+        assert _slot16_spans(grid)["fails"] == "0"
+    assert (pd.read_csv(EVIDENCE / "horizon_slot16_scale_verdicts.csv")["lowest_co2"]
+            != "fails").all()
+    assert f"**The targets.** {_slot16_targets()}. {_slot16_against_j16()}" in text
+    o = t[t["policy"] == he.REFERENCE[0]]
+    ties = o[(o["ci_low_pct"] <= 0) & (o["ci_high_pct"] >= 0)]
+    assert (ties["dataset"] == "sharegpt").all() and (ties["memory"] == "paper x10").all()
+    assert (f"**Against the oracle gate** it emits less in {int((o['ci_low_pct'] > 0).sum())} "
+            f"of the full grid's 32 settings, every CI above 0 there, ties in {len(ties)} and "
+            f"emits more in {int((o['ci_high_pct'] < 0).sum())} (the ties ShareGPT with ample "
+            f"memory).") in text
+
+
+def test_the_defaults_ablations_follow_from_their_runs():
+    # docs/evidence/horizon_slot16_variants.csv (slot16.py variants): the default router's
+    # ablations and forecast errors since 2026-12-07 in the full grid's four settings with
+    # ablations. The online policies, the oracle gate, the router and the pair with J = 16 are
+    # the default's full grid's runs, and J = 0 (neither price, no slot price: the same router
+    # whatever its J was) the pair's J = 0, to the last digit; no setting is held-out
+    s16 = _evidence_module("slot16")
+    t = pd.read_csv(EVIDENCE / "horizon_slot16_variants.csv")
+    key = list(he.SETTING)
+    settings = he.grid_settings("full")[1]
+    labels = [*he.ONLINE, *he.REFERENCE, he.TARGET, s16.PAIR_J16, *he.VARIANTS,
+              *(he.noise_label(s) for s in he.NOISE)]
+    assert sorted(t["policy"].unique()) == sorted(labels) and not t["held_out"].any()
+    assert len(t) == len(settings) * len(labels)
+    cols = [*key, "policy", "total_co2_kg", "p95_ttft_s"]
+
+    def same(mine: pd.DataFrame, theirs: pd.DataFrame, n: int) -> None:
+        m = mine[cols].merge(theirs[cols], on=[*key, "policy"])
+        assert len(m) == len(mine) == n
+        assert (m["total_co2_kg_x"] == m["total_co2_kg_y"]).all()
+        assert (m["p95_ttft_s_x"] == m["p95_ttft_s_y"]).all()
+
+    full = pd.read_csv(EVIDENCE / "horizon_slot16_full_table.csv")
+    same(t[t["policy"].isin([*he.ONLINE, *he.REFERENCE, he.TARGET, s16.PAIR_J16])], full,
+         4 * (len(he.ONLINE) + 3))
+    j0 = "w/o horizon pricing (J = 0)"
+    same(t[t["policy"] == j0], pd.read_csv(EVIDENCE / "horizon_kv_price_pair_variants.csv"), 4)
+    p = t[t["policy"] == he.TARGET].set_index(key)["total_co2_kg"]
+    o = t[t["policy"] != he.TARGET]
+    diff = p.loc[list(map(tuple, o[key].to_numpy().tolist()))].to_numpy() - o["total_co2_kg"]
+    assert ((o["saving_pct"] > 0) == (diff.to_numpy() < 0)).all()
+    assert ((o["ci_low_pct"] <= o["saving_pct"]) & (o["saving_pct"] <= o["ci_high_pct"])).all()
+    said = _slot16_parts_said()
+    print(said)
+    assert said in _model_text()
+
+
+def _slot16_parts_said() -> str:
+    """What docs/model.md states of the default router's ablations since 2026-12-07
+    (horizon_slot16_variants.csv), beside the pair with J = 16's
+    (horizon_kv_price_pair_variants.csv)."""
+    t = pd.read_csv(EVIDENCE / "horizon_slot16_variants.csv")
+    j16 = pd.read_csv(EVIDENCE / "horizon_kv_price_pair_variants.csv")
+
+    def row(policy: str) -> str:
+        return _parts_row(t, policy)
+
+    mine, theirs, below = _noise_costs(t), _noise_costs(j16), _below_oracle(t)
+    return (f"Its ablations (its saving over each, at the tuned setting / with ample memory / on "
+            f"the Mooncake trace / on it with ample memory): without the KV price "
+            f"{row('w/o KV price (the TTFT price alone)')}; without the TTFT price "
+            f"{row('w/o TTFT price (the KV price within the TTL alone)')}; J = 0 "
+            f"{row('w/o horizon pricing (J = 0)')}; without the slot price "
+            f"{row('w/o slot price')}; without the cache-survival term "
+            f"{row('w/o cache survival')}; without model stickiness "
+            f"{row('w/o model stickiness')}. A forecast error of σ = 0.1 / 0.3 / 0.6 costs it "
+            f"{mine}% at the tuned setting (the pair with J = 16 {theirs}%). It emits less than "
+            f"the oracle gate in {below} of the 4, every CI above 0 there.")
+
+
+def _verdict_counts(names: list[str]) -> tuple[int, int, int, int, int]:
+    """Settings, holds, ties, fails and TTFT targets met over the committed ``<name>_verdicts``."""
+    h = ti = f = ok = n = 0
+    for name in names:
+        v = pd.read_csv(EVIDENCE / f"{name}_verdicts.csv")
+        c = v["lowest_co2"].value_counts()
+        h, ti, f = h + c.get("holds", 0), ti + c.get("tie", 0), f + c.get("fails", 0)
+        ok += int((v["p95_ttft_s"] <= v["p95_ttft_carbonrouter_s"]).sum())
+        n += len(v)
+    return n, h, ti, f, ok
+
+
+def _slot16_decision() -> str:
+    """docs/model.md's account of the default router since 2026-12-07 over the three sets."""
+    sets = ("full", "fresh", "scale")
+    n, h, ti, f, ok = _verdict_counts([f"horizon_slot16_{g}" for g in sets])
+    jn, jh, jti, jf, jok = _verdict_counts([f"horizon_kv_price_pair_{g}" for g in sets])
+    assert n == jn == 80
+    less = sum(int(_slot16_spans(g)["less_j16"]) for g in ("full", "fresh"))
+    scale = pd.read_csv(EVIDENCE / "horizon_slot16_scale_table.csv")
+    less += int((scale.loc[scale["policy"] == _evidence_module("slot16").PAIR_J16,
+                           "ci_low_pct"] > 0).sum())
+    s, fr = _slot16_spans("full"), _slot16_spans("fresh")
+    return (f"Over the {n} settings of the full grid, the fresh weeks and the scale sweep it has "
+            f"the lowest CO2 of every online policy in {h} with paired CIs, ties in {ti}, loses "
+            f"in {f} and meets the TTFT target in {ok}; the pair with J = 16 has it in {jh}, ties "
+            f"in {jti}, loses in {jf} and meets the TTFT target in {jok}. It emits less than "
+            f"J = 16 in {less} of the {n} and more in none, and its median share of the bound's "
+            f"possible saving is {s['median']} over the full grid and {fr['median']} over the "
+            f"fresh weeks (J = 16 {s['median_j16']} and {fr['median_j16']}).")
+
+
+def test_the_model_document_states_the_decision_on_the_horizon():
+    # docs/model.md §11.4a, "The default since 2026-12-07", from slot16.py's and the pair's
+    # verdict tables; the notebook states the count of settings where it emits less
+    said = _slot16_decision()
+    print(said)
+    assert said in _model_text()
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks"
+                     / "09_horizon_router.ipynb").read_text())
+    text = " ".join(" ".join("".join(c["source"]) for c in nb["cells"]).split())
+    less = said.split("It emits less than J = 16 in ", 1)[1].split(" of the ", 1)[0]
+    assert (f"J = 1 with the slot price over 16 turns emits less than J = 16 in {less} of the 80 "
+            f"settings") in text
 
 
 @pytest.mark.parametrize("grid", ["full", "fresh"])
@@ -2981,37 +3247,3 @@ def test_the_defaults_scale_sweep_follows_from_its_runs():
     m = v.merge(j, on=by, suffixes=("", "_j"))
     assert len(m) == 16 and (m["lowest_co2"] == m["lowest_co2_j"]).all()
     assert (m["saving_vs_best_pct"] == m["saving_vs_best_pct_j"]).all()
-
-
-def test_the_defaults_ablations_follow_from_their_runs():
-    # docs/evidence/horizon_slot16_variants.csv (slot16.py variants): the ablations and forecast
-    # errors of J = 1 with the slot price over 16 turns in the full grid's four settings with
-    # ablations. The online policies, the oracle gate, the router and the pair with J = 16 are
-    # its full grid's runs, and J = 0 (neither price, no slot price: the same router
-    # whatever its J was) the pair's J = 0, to the last digit; no setting is held-out
-    s16 = _evidence_module("slot16")
-    t = pd.read_csv(EVIDENCE / "horizon_slot16_variants.csv")
-    key = list(he.SETTING)
-    settings = he.grid_settings("full")[1]
-    labels = [*he.ONLINE, *he.REFERENCE, he.TARGET, s16.PAIR_J16, *he.VARIANTS,
-              *(he.noise_label(s) for s in he.NOISE)]
-    assert sorted(t["policy"].unique()) == sorted(labels) and not t["held_out"].any()
-    assert len(t) == len(settings) * len(labels)
-    cols = [*key, "policy", "total_co2_kg", "p95_ttft_s"]
-
-    def same(mine: pd.DataFrame, theirs: pd.DataFrame, n: int) -> None:
-        m = mine[cols].merge(theirs[cols], on=[*key, "policy"])
-        assert len(m) == len(mine) == n
-        assert (m["total_co2_kg_x"] == m["total_co2_kg_y"]).all()
-        assert (m["p95_ttft_s_x"] == m["p95_ttft_s_y"]).all()
-
-    full = pd.read_csv(EVIDENCE / "horizon_slot16_full_table.csv")
-    same(t[t["policy"].isin([*he.ONLINE, *he.REFERENCE, he.TARGET, s16.PAIR_J16])], full,
-         4 * (len(he.ONLINE) + 3))
-    j0 = "w/o horizon pricing (J = 0)"
-    same(t[t["policy"] == j0], pd.read_csv(EVIDENCE / "horizon_kv_price_pair_variants.csv"), 4)
-    p = t[t["policy"] == he.TARGET].set_index(key)["total_co2_kg"]
-    o = t[t["policy"] != he.TARGET]
-    diff = p.loc[list(map(tuple, o[key].to_numpy().tolist()))].to_numpy() - o["total_co2_kg"]
-    assert ((o["saving_pct"] > 0) == (diff.to_numpy() < 0)).all()
-    assert ((o["ci_low_pct"] <= o["saving_pct"]) & (o["saving_pct"] <= o["ci_high_pct"])).all()

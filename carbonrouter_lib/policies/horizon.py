@@ -390,7 +390,11 @@ class HorizonRouter(Policy):
     Parameters
     ----------
     horizon : int
-        J, future turns priced (0: CarbonRouter's proposal). Default 16.
+        J, future turns priced (0: CarbonRouter's proposal). Default 1, with the slot price's
+        remaining time over ``slot_turns`` = 16 (since 2026-12-07; before, J = 16 for both, chosen
+        at the tuned setting: docs/model.md §11.4a, "The pair's horizon J": J = 1 with the slot
+        price over 16 turns emits less than J = 16 in 57 of notebook 09's 80 settings and more in
+        none, with paired CIs).
     forecast : str
         Carbon forecast of the future turns' regions (:data:`carbonrouter_lib.forecast.
         FORECASTERS`). Default ``"blend"``.
@@ -420,10 +424,12 @@ class HorizonRouter(Policy):
     slot_smoothing : float
         Weight of a new first turn in the slot price's averages, in (0, 1]. Default 0.01.
     slot_turns : int or None
-        With ``slot_price``: the future turns the slot price's T_k and D̄ sum S_k(j) over
-        (``τ·(½ + Σ_{j ≤ slot_turns} S_k(j))``), apart from the future term's J; None (default):
-        J. An ablation of J's two roles (docs/evidence/horizon_length.py); the horizon model is
-        then fitted for max(J, slot_turns) turns (:attr:`model_horizon`).
+        The future turns the slot price's T_k and D̄ sum S_k(j) over
+        (``τ·(½ + Σ_{j ≤ slot_turns} S_k(j))``), apart from the future term's J; None: J. Default
+        16. It acts only with the slot price and without ``slot_residence`` (which weights the
+        future term's J turns); elsewhere the router is the same whatever it is
+        (:attr:`slot_horizon`). The horizon model is fitted for max(J, the slot price's turns)
+        (:attr:`model_horizon`).
     slot_residence : bool
         With ``slot_price``: a slot is held only while the session stays on the pool, so T_k
         and D̄ count the future turns weighted by the continuation ρ^(j−1) of the future term
@@ -475,7 +481,7 @@ class HorizonRouter(Policy):
 
     name = "carbonrouter-horizon"
 
-    def __init__(self, horizon: int = 16, forecast: str = "blend", cache_survival: bool = True,
+    def __init__(self, horizon: int = 1, forecast: str = "blend", cache_survival: bool = True,
                  model_stickiness: bool = True, release: bool = False, smoothing: float = 0.05,
                  continuation: float | str = "online",
                  model: HorizonModel | str = LEARNED, forecast_noise: float = 0.0,
@@ -485,7 +491,7 @@ class HorizonRouter(Policy):
                  ttft_slo_s: float | None = None, ttft_share: float = 0.05,
                  ttft_step: float = 0.05, session_length: str = "learned",
                  future_models: str = "learned", kv_price: bool | None = None,
-                 kv_loss: str | None = None, slot_turns: int | None = None) -> None:
+                 kv_loss: str | None = None, slot_turns: int | None = 16) -> None:
         from carbonrouter_lib.forecast import FORECASTERS, REFERENCE_FORECASTERS
 
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
@@ -534,10 +540,6 @@ class HorizonRouter(Policy):
             if isinstance(slot_turns, bool) or not isinstance(slot_turns, int) or slot_turns < 1:
                 raise ValueError(f"HorizonRouter.slot_turns must be None or an integer ≥ 1, "
                                  f"got {slot_turns!r}")
-            if not slot_price or slot_residence:
-                raise ValueError("HorizonRouter.slot_turns needs slot_price=True and "
-                                 "slot_residence=False (the residence counts the future term's "
-                                 "turns)")
         self.slot_turns = slot_turns
         self.slot_price, self.slot_smoothing = slot_price, float(slot_smoothing)
         if not slot_credit and not slot_price:
@@ -592,8 +594,11 @@ class HorizonRouter(Policy):
 
     @property
     def slot_horizon(self) -> int:
-        """The future turns the slot price's T_k and D̄ sum S_k(j) over: ``slot_turns``, or J."""
-        return self.slot_turns or self.horizon
+        """The future turns the slot price's T_k and D̄ sum S_k(j) over: ``slot_turns`` where the
+        slot price is on without the residence, else J (None: J)."""
+        if self.slot_price and not self.slot_residence and self.slot_turns is not None:
+            return self.slot_turns
+        return self.horizon
 
     @property
     def model_horizon(self) -> int:
@@ -636,8 +641,8 @@ class HorizonRouter(Policy):
             p["slot_smoothing"] = self.slot_smoothing
         if self.slot_residence:
             p |= {"slot_residence": True}
-        if self.slot_turns is not None:
-            p |= {"slot_turns": self.slot_turns}
+        if self.slot_price and not self.slot_residence:
+            p["slot_turns"] = self.slot_turns
         if not self.slot_credit:
             p |= {"slot_credit": False}
         if self.ttft_slo_s is not None:

@@ -61,13 +61,14 @@ def pair_slos(grid: str) -> dict[tuple[str, ...], float]:
 
 
 def router_params(st: dict[str, str], slo: dict[tuple[str, ...], float] | None) -> dict:
-    """The router's parameters in setting ``st``: with ``slo`` (:func:`pair_slos`) the default
-    router (the pair) given its SLO there; None: the router before the pair
+    """The router's parameters in setting ``st``: with ``slo`` (:func:`pair_slos`) the pair
+    with J = 16 (:data:`carbonrouter_lib.horizon_eval.PAIR_J16`, the default router from
+    2026-12-06 to 2026-12-07) given its SLO there; None: the router before the pair
     (:data:`carbonrouter_lib.horizon_eval.BEFORE_PAIR`). Shared by gap.py, returns.py and
     recompute_ceiling.py."""
     if slo is None:
         return dict(he.BEFORE_PAIR)
-    return {"ttft_slo_s": slo[tuple(st[k] for k in he.SETTING)]}
+    return he.PAIR_J16 | {"ttft_slo_s": slo[tuple(st[k] for k in he.SETTING)]}
 
 
 def one(st: dict[str, str], told: bool = False,

@@ -1,6 +1,10 @@
-"""How the default router (the pair, docs/model.md §11.4a) moves with its horizon J, the number of
-future turns it prices (``HorizonRouter(horizon=J)``; the default J = 16 was chosen on the tuned
-setting alone): the pair with J = 1, 4, 8, 12 and 24 beside its own J = 16 and every online
+"""How the pair (docs/model.md §11.4a) moves with its horizon J, the number of future turns it
+prices (``HorizonRouter(horizon=J)``; J = 16 was chosen on the tuned setting alone, and was the
+default until 2026-12-07, when these tables made J = 1 with the slot price over 16 turns the
+default: :mod:`slot16`). Its tables' router is the pair with J = 16
+(:data:`carbonrouter_lib.horizon_eval.PAIR_J16`, pinned here through :func:`told.pair_runs` and
+:func:`scale_runs`, so that rerunning the script makes its tables again):
+the pair with J = 1, 4, 8, 12 and 24 beside its own J = 16 and every online
 policy, on notebook 09's full grid or fresh weeks, in notebook 09's two phases (the router and
 each J given CarbonRouter's P95 TTFT as its SLO): ``horizon_length_pair_{grid}_table.csv``
 (:func:`carbonrouter_lib.horizon_eval.table`: each run's Table-1 quantities and the default's
@@ -30,8 +34,7 @@ against J = 16 on the full grid without the slot price. ``slot16-full|slot16-fre
 (``slot_turns=16``), designed on the full grid after ``roles``; the fresh weeks and the scale
 sweep (``slot16-scale``) are held-out for it. Run from the repository root:
 ``.venv/bin/python docs/evidence/horizon_length.py
-full|fresh|scale|roles|slot16-full|slot16-fresh|slot16-scale``. Its saving over the oracle
-gate, its ablations and forecast errors, and its tables as the router: :mod:`slot16`.
+full|fresh|scale|roles|slot16-full|slot16-fresh|slot16-scale``.
 """
 
 from __future__ import annotations
@@ -97,9 +100,9 @@ def scale_runs(lengths=SCALE_LENGTHS) -> pd.DataFrame:
     same SLO."""
     first = he.scale_grid("full", target_params=he.BEFORE_PAIR)
     slo = he.ttft_slos(sweep.run_sweep(list(first["spec"])), first, by=he.SCALE_BY)
-    runs = [he.scale_grid("full", ttft_slo=slo)]
+    runs = [he.scale_grid("full", ttft_slo=slo, target_params=he.PAIR_J16)]
     for label, params in lengths.items():
-        r = he.scale_grid("full", ttft_slo=slo, target_params=params)
+        r = he.scale_grid("full", ttft_slo=slo, target_params=he.PAIR_J16 | params)
         runs.append(r[r["policy"] == he.TARGET].assign(policy=label))
     return pd.concat(runs, ignore_index=True)
 
@@ -195,24 +198,6 @@ def slot16(grid: str) -> None:
     wide = s.pivot_table(index=list(he.SETTING), columns="policy",
                          values="share_of_possible_saving")[[*SLOT16, he.TARGET]]
     print(wide.groupby(level=["dataset", "memory"]).median().round(3).to_string())
-
-
-#: J = 1 with the slot price over 16 turns as the router's parameters (slot16.py's router).
-SLOT16_ROUTER: dict[str, Any] = SLOT16["J = 1, slot price over 16 turns"]
-
-
-def slot16_variants() -> dict[str, dict[str, Any]]:
-    """Notebook 09's ablations (:data:`carbonrouter_lib.horizon_eval.VARIANTS`) over
-    :data:`SLOT16_ROUTER`, each its parameters in full: where a variant has no slot price, J = 0
-    or the slot residence, its slot price sums over its own J (``slot_turns`` None), as it must
-    (``HorizonRouter`` refuses ``slot_turns`` there)."""
-    out = {}
-    for label, params in he.VARIANTS.items():
-        q = dict(SLOT16_ROUTER) | dict(params)
-        if q.get("horizon") == 0 or q.get("slot_price") is False or q.get("slot_residence"):
-            q["slot_turns"] = None
-        out[label] = q
-    return out
 
 
 def main(grid: str) -> None:

@@ -45,7 +45,8 @@ parts as they are, nothing chosen for the pair, run once on both grids (about 8 
 ``pair-full`` / ``pair-fresh`` (``horizon_kv_price_pair_{grid}_{table,verdicts,bound}.csv``):
 the pair's grid against every online policy, with paired CIs, as notebook 09's: a first phase
 replays every online policy and the router before the pair (labelled :data:`PAIR_DEFAULT`), then
-the pair, now the default router, given CarbonRouter's P95 TTFT of the first phase in the
+the pair (the default router from 2026-12-06 to 2026-12-07, J = 16: :data:`carbonrouter_lib.
+horizon_eval.PAIR_J16`, pinned here), given CarbonRouter's P95 TTFT of the first phase in the
 setting as its SLO (:func:`carbonrouter_lib.horizon_eval.ttft_slos`), is the target. Its tables
 were computed before the switch, with the pair's parameters given explicitly (the same router).
 Both parts were designed after both grids, so no setting is held-out (``held_out`` is False
@@ -270,7 +271,8 @@ def pair_runs(grid: str, reference: bool = False) -> pd.DataFrame:
     first = he.grid(settings, reference_in=None if reference else [],
                     target_params=he.BEFORE_PAIR)
     slo = he.ttft_slos(sweep.run_sweep(list(first["spec"])), first)
-    return _pair(first, he.grid(settings, reference=(), ttft_slo=slo))
+    return _pair(first, he.grid(settings, reference=(), ttft_slo=slo,
+                                target_params=he.PAIR_J16))
 
 
 def pair_scale_runs() -> pd.DataFrame:
@@ -278,7 +280,7 @@ def pair_scale_runs() -> pd.DataFrame:
     the first phase at the same :data:`~carbonrouter_lib.horizon_eval.SCALE_BY` setting."""
     first = he.scale_grid("full", target_params=he.BEFORE_PAIR)
     slo = he.ttft_slos(sweep.run_sweep(list(first["spec"])), first, by=he.SCALE_BY)
-    return _pair(first, he.scale_grid("full", ttft_slo=slo))
+    return _pair(first, he.scale_grid("full", ttft_slo=slo, target_params=he.PAIR_J16))
 
 
 def pair_variant_runs() -> pd.DataFrame:
@@ -292,7 +294,8 @@ def pair_variant_runs() -> pd.DataFrame:
     settings = he.grid_settings("full")[1]
     first = he.grid(settings, target_params=he.BEFORE_PAIR)
     slo = he.ttft_slos(sweep.run_sweep(list(first["spec"])), first)
-    return _pair(first, he.grid(settings, settings, reference=(), ttft_slo=slo))
+    return _pair(first, he.grid(settings, settings, reference=(), ttft_slo=slo,
+                                target_params=he.PAIR_J16))
 
 
 def main(grid: str) -> None:

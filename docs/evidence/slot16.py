@@ -12,7 +12,7 @@ as :func:`horizon_length.slot16` chose it.
   the verdicts) in every setting.
 - ``scale`` → ``horizon_slot16_scale_{table,verdicts}.csv``: notebook 09's full scale sweep.
 - ``variants`` → ``horizon_slot16_variants.csv``: its ablations and forecast errors
-  (:func:`horizon_length.slot16_variants`) in the four settings of notebook 09's ablations.
+  (:func:`slot16_variants`) in the four settings of notebook 09's ablations.
 
 Every run is notebook 09's second phase: the router, each variant and the pair with J = 16 are
 given CarbonRouter's P95 TTFT in the setting (a first phase of CarbonRouter's runs) as their SLO.
@@ -44,15 +44,31 @@ from carbonrouter_lib.outputs import save_table
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from horizon_length import SLOT16_ROUTER, print_drift, slot16_variants  # noqa: E402
+from horizon_length import SLOT16, print_drift  # noqa: E402
 from slot_credit import write_variant_grid  # noqa: E402  (table, verdicts and bound shares)
 
-#: The pair with J = 16 (the default router from 2026-12-06), its label in these tables.
+#: The pair with J = 16 (the default router from 2026-12-06 to 2026-12-07), its label here; its
+#: parameters :data:`carbonrouter_lib.horizon_eval.PAIR_J16`, given explicitly.
 PAIR_J16 = "the pair, J = 16"
-#: Its parameters over the router's, given explicitly: J = 16, the slot price summed over J.
-PAIR_J16_PARAMS: dict[str, Any] = {"horizon": 16, "slot_turns": None}
 #: The router's label in :func:`horizon_length.slot16`'s tables.
 SLOT16_LABEL = "J = 1, slot price over 16 turns"
+#: The router's parameters, given explicitly (the router's defaults since 2026-12-07).
+SLOT16_ROUTER: dict[str, Any] = SLOT16[SLOT16_LABEL]
+
+
+def slot16_variants() -> dict[str, dict[str, Any]]:
+    """Notebook 09's ablations (:data:`carbonrouter_lib.horizon_eval.VARIANTS`) over
+    :data:`SLOT16_ROUTER`, each its parameters in full: where a variant has no slot price, J = 0
+    or the slot residence, its slot price's turns are its own J (``slot_turns`` None), where
+    ``slot_turns`` does not act (these runs were made before the defaults changed, when
+    ``HorizonRouter`` refused it there)."""
+    out = {}
+    for label, params in he.VARIANTS.items():
+        q = dict(SLOT16_ROUTER) | dict(params)
+        if q.get("horizon") == 0 or q.get("slot_price") is False or q.get("slot_residence"):
+            q["slot_turns"] = None
+        out[label] = q
+    return out
 
 
 def _slo(settings) -> dict[tuple, float]:
@@ -72,7 +88,7 @@ def grid_runs(grid: str) -> pd.DataFrame:
     else:
         variants, noise = {}, ()
     return he.grid(settings, variants_in=settings,
-                   variants=variants | {PAIR_J16: PAIR_J16_PARAMS}, noise=noise,
+                   variants=variants | {PAIR_J16: he.PAIR_J16}, noise=noise,
                    reference=() if grid == "fresh" else he.REFERENCE,
                    target_params=SLOT16_ROUTER, ttft_slo=_slo(settings))
 
@@ -83,7 +99,7 @@ def scale_runs() -> pd.DataFrame:
     first = he.scale_grid("full")
     slo = he.ttft_slos(sweep.run_sweep(list(he.slo_runs(first)["spec"])), first, by=he.SCALE_BY)
     runs = he.scale_grid("full", ttft_slo=slo, target_params=SLOT16_ROUTER)
-    j16 = he.scale_grid("full", ttft_slo=slo, target_params=PAIR_J16_PARAMS)
+    j16 = he.scale_grid("full", ttft_slo=slo, target_params=he.PAIR_J16)
     return pd.concat([runs, j16[j16["policy"] == he.TARGET].assign(policy=PAIR_J16)],
                      ignore_index=True)
 

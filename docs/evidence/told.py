@@ -66,16 +66,17 @@ def runs(settings) -> pd.DataFrame:
 
 
 def pair_runs(settings, variants=he.TOLD, online=("session-affinity",)) -> pd.DataFrame:
-    """:func:`runs` of the default router (the pair, docs/model.md §11.4a) in notebook 09's two
-    phases: CarbonRouter first (:func:`carbonrouter_lib.horizon_eval.slo_runs`, replayed here),
-    its P95 TTFT per setting the SLO of the router and of every told reference
+    """:func:`runs` of the pair with J = 16 (the default router from 2026-12-06 to 2026-12-07,
+    :data:`carbonrouter_lib.horizon_eval.PAIR_J16`, pinned; docs/model.md §11.4a) in notebook
+    09's two phases: CarbonRouter first (:func:`carbonrouter_lib.horizon_eval.slo_runs`,
+    replayed here), its P95 TTFT per setting the SLO of the router and of every told reference
     (:func:`carbonrouter_lib.horizon_eval.ttft_slos`). ``variants`` (label → HorizonRouter
     parameters over the pair's; default :data:`carbonrouter_lib.horizon_eval.TOLD`) and the
     online policies ``online`` are kept beside the router."""
     first = he.grid(settings, noise=(), reference=())
     slo = he.ttft_slos(sweep.run_sweep(list(he.slo_runs(first)["spec"])), first)
     grid = he.grid(settings, variants_in=settings, variants=variants, noise=(), reference=(),
-                   ttft_slo=slo)
+                   target_params=he.PAIR_J16, ttft_slo=slo)
     return grid[grid["policy"].isin([*online, he.TARGET, *variants])].reset_index(drop=True)
 
 
