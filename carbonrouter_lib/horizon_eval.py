@@ -64,14 +64,14 @@ REFERENCE: tuple[str, ...] = ("carbonrouter-oracle-gate",)
 #: evidence scripts of that router (docs/evidence/slot_price.py, plain.py, first_turns.py,
 #: priced_bound.py, option_to_move.py) pin them, so their tables stay that router's.
 FORMER: dict[str, Any] = {"exit": "cheapest", "option": False}
-#: The router before the pair became its default (2026-12-06; docs/model.md §11.4a): no KV price
-#: (and no SLO), J = 16 with the slot price over J (its horizon until 2026-12-07). The evidence
-#: scripts of that router pin it, so their tables stay its.
-BEFORE_PAIR: dict[str, Any] = {"kv_price": False, "horizon": 16, "slot_turns": None}
 #: The pair as it was the default from 2026-12-06 to 2026-12-07: J = 16, the slot price over J
 #: (the defaults since are J = 1, the slot price over 16 turns). The evidence scripts of its
 #: tables (``*_pair_*``) pin it, so their tables stay its.
 PAIR_J16: dict[str, Any] = {"horizon": 16, "slot_turns": None}
+#: The router before the pair became its default (2026-12-06; docs/model.md §11.4a): no KV price
+#: (and no SLO), with the pair's horizon until 2026-12-07 (:data:`PAIR_J16`). The evidence
+#: scripts of that router pin it, so their tables stay its.
+BEFORE_PAIR: dict[str, Any] = {"kv_price": False} | PAIR_J16
 #: That router's ablations and its release variant: label → HorizonRouter parameters.
 VARIANTS_BEFORE_PAIR: dict[str, dict[str, Any]] = {
     "w/o horizon pricing (J = 0)": {"horizon": 0},

@@ -86,9 +86,10 @@ def test_the_router_before_the_pair_is_pinned_by_its_evidence_scripts():
     assert router_params(dict(he.TUNED), None) == he.BEFORE_PAIR
     assert router_params(dict(he.TUNED), {tuple(he.TUNED.values()): 0.9}) == {
         "horizon": 16, "slot_turns": None, "ttft_slo_s": 0.9}
-    # slot16.py replays the routers since the pair only, each with its parameters given
-    # (the default since 2026-12-07 and he.PAIR_J16)
+    # slot16.py and horizon_length.py replay the routers since the pair only, each with its
+    # parameters given (the default since 2026-12-07 and he.PAIR_J16: the next test)
     assert scripts.pop("slot16") is False
+    assert scripts.pop("horizon_length") is False
     assert len(scripts) >= 12 and all(scripts.values()), scripts
     assert "target_params=he.BEFORE_PAIR" in inspect.getsource(
         _evidence_module("slot_credit").variant_runs)
@@ -2491,14 +2492,8 @@ def test_the_pair_against_the_oracle_gate_follows_from_its_runs():
 def test_the_decision_on_the_default_states_the_three_evaluations():
     # docs/model.md §11.4a's decision: the pair's and the current default router's verdicts over
     # the full grid, the fresh weeks and the scale sweep, counted from their verdict tables
-    counts = _verdict_counts
-    n, h, ti, f, ok = counts([f"horizon_kv_price_pair_{g}" for g in ("full", "fresh", "scale")])
-    dn, dh, dti, df, dok = counts([f"horizon_{g}" for g in ("full", "fresh", "scale")])
-    assert n == dn == 80
-    said = (f"Over the {n} settings of the full grid, the fresh weeks and the scale sweep the "
-            f"pair has the lowest CO2 of every online policy in {h} with paired CIs, ties in {ti}, "
-            f"loses in {f} and meets the TTFT target in {ok}; the router before it has it "
-            f"in {dh}, ties in {dti}, loses in {df} and meets the TTFT target in {dok}.")
+    said, (n, h, ti, f, ok), (_, dh, dti, df, dok) = _three_sets(
+        "the pair", "horizon_kv_price_pair", "the router before it", "horizon")
     print(said)
     assert said in _model_text()
     assert (f"over the {n} settings of the two grids and the scale sweep it has the lowest CO2 in "
@@ -2969,14 +2964,12 @@ def _slot16_spans(grid: str) -> dict[str, str]:
     s16 = _evidence_module("slot16")
     v = pd.read_csv(EVIDENCE / f"horizon_slot16_{grid}_verdicts.csv")
     b = pd.read_csv(EVIDENCE / f"horizon_slot16_{grid}_bound.csv")
-    t = pd.read_csv(EVIDENCE / f"horizon_slot16_{grid}_table.csv")
     w = b.pivot_table(index=list(he.SETTING), columns="policy",
                       values="share_of_possible_saving")
     c = v["lowest_co2"].value_counts()
     lead = v["saving_vs_best_pct"]
     x = w[he.TARGET]
     tuned = x.loc[tuple(he.TUNED[k] for k in he.SETTING)] if grid == "full" else np.nan
-    j16 = t[t["policy"] == s16.PAIR_J16]
     return {"holds": f"{c.get('holds', 0)}", "ties": f"{c.get('tie', 0)}",
             "fails": f"{c.get('fails', 0)}",
             "lead": f"{_num(lead.min())} to {_num(lead.max())}%",
@@ -2986,9 +2979,7 @@ def _slot16_spans(grid: str) -> dict[str, str]:
             "n70": f"{int((x >= 0.7).sum())}", "median": f"{100 * x.median():.1f}%",
             "n70_j16": f"{int((w[s16.PAIR_J16] >= 0.7).sum())}",
             "median_j16": f"{100 * w[s16.PAIR_J16].median():.1f}%",
-            "tuned": f"{100 * tuned:.1f}%",
-            "less_j16": f"{int((j16['ci_low_pct'] > 0).sum())}",
-            "more_j16": f"{int((j16['ci_high_pct'] < 0).sum())}"}
+            "tuned": f"{100 * tuned:.1f}%"}
 
 
 def _slot16_targets() -> str:
@@ -3053,21 +3044,28 @@ def _readme_full_text() -> str:
     return (Path(__file__).resolve().parents[1] / "README.md").read_text()
 
 
-def _slot16_against_j16() -> str:
-    """The README's count of the settings where the default router since 2026-12-07 emits less
-    than the pair with J = 16 (docs/evidence/horizon_slot16_*_table.csv)."""
+def _slot16_less_than_j16() -> tuple[list[int], list[int]]:
+    """Per set (the full grid, the fresh weeks, the scale sweep), the settings where the default
+    router since 2026-12-07 emits less, and more, than the pair with J = 16 with paired CIs
+    (docs/evidence/horizon_slot16_*_table.csv: its saving over J = 16)."""
     s16 = _evidence_module("slot16")
-    parts, more = [], 0
-    for grid, n, name in (("full", 32, "the full grid"), ("fresh", 32, "the fresh weeks"),
-                          ("scale", 16, "the scale sweep")):
+    less, more = [], []
+    for grid, n in (("full", 32), ("fresh", 32), ("scale", 16)):
         t = pd.read_csv(EVIDENCE / f"horizon_slot16_{grid}_table.csv")
         j = t[t["policy"] == s16.PAIR_J16]
         assert len(j) == n
-        more += int((j["ci_high_pct"] < 0).sum())
-        parts.append(f"{int((j['ci_low_pct'] > 0).sum())} of {n}"
-                     + (" settings" if grid == "full" else "") + f" of {name}")
-    assert more == 0
-    return (f"It emits less than the pair with J = 16 in {parts[0]}, {parts[1]} and {parts[2]} "
+        less.append(int((j["ci_low_pct"] > 0).sum()))
+        more.append(int((j["ci_high_pct"] < 0).sum()))
+    return less, more
+
+
+def _slot16_against_j16() -> str:
+    """The README's count of the settings where the default router since 2026-12-07 emits less
+    than the pair with J = 16."""
+    less, more = _slot16_less_than_j16()
+    assert more == [0, 0, 0]
+    return (f"It emits less than the pair with J = 16 in {less[0]} of 32 settings of the full "
+            f"grid, {less[1]} of 32 of the fresh weeks and {less[2]} of 16 of the scale sweep "
             f"(paired CIs), and more in none.")
 
 
@@ -3169,24 +3167,32 @@ def _verdict_counts(names: list[str]) -> tuple[int, int, int, int, int]:
     return n, h, ti, f, ok
 
 
+def _three_sets(name: str, tables: str, other: str, other_tables: str):
+    """docs/model.md's sentence of a router's verdicts over the 80 settings of the full grid, the
+    fresh weeks and the scale sweep (``<tables>_{full,fresh,scale}_verdicts.csv``) beside another
+    router's (``other_tables``), and both :func:`_verdict_counts`."""
+    sets = ("full", "fresh", "scale")
+    mine = _verdict_counts([f"{tables}_{g}" for g in sets])
+    theirs = _verdict_counts([f"{other_tables}_{g}" for g in sets])
+    (n, h, ti, f, ok), (jn, jh, jti, jf, jok) = mine, theirs
+    assert n == jn == 80
+    return (f"Over the {n} settings of the full grid, the fresh weeks and the scale sweep {name} "
+            f"has the lowest CO2 of every online policy in {h} with paired CIs, ties in {ti}, "
+            f"loses in {f} and meets the TTFT target in {ok}; {other} has it in {jh}, ties in "
+            f"{jti}, loses in {jf} and meets the TTFT target in {jok}."), mine, theirs
+
+
 def _slot16_decision() -> str:
     """docs/model.md's account of the default router since 2026-12-07 over the three sets."""
-    sets = ("full", "fresh", "scale")
-    n, h, ti, f, ok = _verdict_counts([f"horizon_slot16_{g}" for g in sets])
-    jn, jh, jti, jf, jok = _verdict_counts([f"horizon_kv_price_pair_{g}" for g in sets])
-    assert n == jn == 80
-    less = sum(int(_slot16_spans(g)["less_j16"]) for g in ("full", "fresh"))
-    scale = pd.read_csv(EVIDENCE / "horizon_slot16_scale_table.csv")
-    less += int((scale.loc[scale["policy"] == _evidence_module("slot16").PAIR_J16,
-                           "ci_low_pct"] > 0).sum())
+    said, (n, *_), _ = _three_sets("it", "horizon_slot16", "the pair with J = 16",
+                                   "horizon_kv_price_pair")
+    less, more = _slot16_less_than_j16()
+    assert more == [0, 0, 0]
     s, fr = _slot16_spans("full"), _slot16_spans("fresh")
-    return (f"Over the {n} settings of the full grid, the fresh weeks and the scale sweep it has "
-            f"the lowest CO2 of every online policy in {h} with paired CIs, ties in {ti}, loses "
-            f"in {f} and meets the TTFT target in {ok}; the pair with J = 16 has it in {jh}, ties "
-            f"in {jti}, loses in {jf} and meets the TTFT target in {jok}. It emits less than "
-            f"J = 16 in {less} of the {n} and more in none, and its median share of the bound's "
-            f"possible saving is {s['median']} over the full grid and {fr['median']} over the "
-            f"fresh weeks (J = 16 {s['median_j16']} and {fr['median_j16']}).")
+    return (f"{said} It emits less than J = 16 in {sum(less)} of the {n} and more in none, and "
+            f"its median share of the bound's possible saving is {s['median']} over the full grid "
+            f"and {fr['median']} over the fresh weeks (J = 16 {s['median_j16']} and "
+            f"{fr['median_j16']}).")
 
 
 def test_the_model_document_states_the_decision_on_the_horizon():
@@ -3198,7 +3204,7 @@ def test_the_model_document_states_the_decision_on_the_horizon():
     nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks"
                      / "09_horizon_router.ipynb").read_text())
     text = " ".join(" ".join("".join(c["source"]) for c in nb["cells"]).split())
-    less = said.split("It emits less than J = 16 in ", 1)[1].split(" of the ", 1)[0]
+    less = sum(_slot16_less_than_j16()[0])
     assert (f"J = 1 with the slot price over 16 turns emits less than J = 16 in {less} of the 80 "
             f"settings") in text
 

@@ -54,9 +54,9 @@ from carbonrouter_lib.outputs import save_table
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from slot_credit import bound_shares  # noqa: E402  (the variant grids' shares)
-from told import pair_runs  # noqa: E402  (the pair's two phases)
+from told import first_phase_slos, pair_runs  # noqa: E402  (the pair's two phases)
 
-#: The horizons beside the default's J = 16: label → HorizonRouter parameters over the pair's.
+#: The horizons beside the pair's J = 16: label → HorizonRouter parameters over the pair's.
 LENGTHS: dict[str, dict[str, int]] = {f"J = {j}": {"horizon": j} for j in (1, 4, 8, 12, 24)}
 #: Those of the scale sweep (held-out for the pair; its longest replays are 8M queries).
 SCALE_LENGTHS: dict[str, dict[str, int]] = {k: LENGTHS[k] for k in ("J = 1", "J = 4")}
@@ -98,8 +98,7 @@ def scale_runs(lengths=SCALE_LENGTHS) -> pd.DataFrame:
     router given CarbonRouter's P95 TTFT at the same :data:`~carbonrouter_lib.horizon_eval.
     SCALE_BY` setting), and the router with each of ``lengths`` (label → parameters) given the
     same SLO."""
-    first = he.scale_grid("full", target_params=he.BEFORE_PAIR)
-    slo = he.ttft_slos(sweep.run_sweep(list(first["spec"])), first, by=he.SCALE_BY)
+    slo = first_phase_slos(he.scale_grid("full"), by=he.SCALE_BY)
     runs = [he.scale_grid("full", ttft_slo=slo, target_params=he.PAIR_J16)]
     for label, params in lengths.items():
         r = he.scale_grid("full", ttft_slo=slo, target_params=he.PAIR_J16 | params)
@@ -110,7 +109,7 @@ def scale_runs(lengths=SCALE_LENGTHS) -> pd.DataFrame:
 def scale(lengths=SCALE_LENGTHS, name: str = "horizon_length_pair_scale",
           column: str = "horizon") -> pd.DataFrame:
     """``scale``: :func:`scale_runs` → ``{name}_table.csv``
-    (:func:`carbonrouter_lib.horizon_eval.scale_table`: the default's saving over each J with its
+    (:func:`carbonrouter_lib.horizon_eval.scale_table`: J = 16's saving over each J with its
     CI), checked against the committed ``horizon_kv_price_pair_scale_table.csv``, and
     ``{name}_verdicts.csv`` (:func:`length_verdicts`, its ``column``). Returns the table."""
     r = scale_runs(lengths)
@@ -202,12 +201,14 @@ def slot16(grid: str) -> None:
 
 def main(grid: str) -> None:
     if grid.startswith("slot16-"):
-        return slot16(grid.removeprefix("slot16-"))
+        slot16(grid.removeprefix("slot16-"))
+        return
     if grid == "scale":
         scale()
-        return None
+        return
     if grid == "roles":
-        return roles()
+        roles()
+        return
     if grid not in ("full", "fresh"):
         raise SystemExit(f"horizon_length.py: grid must be 'full', 'fresh', 'scale', 'roles', "
                          f"'slot16-full', 'slot16-fresh' or 'slot16-scale', got {grid!r}")
@@ -218,7 +219,7 @@ def main(grid: str) -> None:
     print(wide.groupby(level=["dataset", "memory"]).median().round(3).to_string())
     print("≥ 0.70:", (wide >= 0.70).sum().to_dict())
     v = t[t["policy"].isin(list(LENGTHS))]
-    print("the default's saving over each J, %: median, CI above 0, CI below 0")
+    print("J = 16's saving over each J, %: median, CI above 0, CI below 0")
     for label, g in v.groupby("policy", sort=False):
         print(f"  {label}: {g['saving_pct'].median():+.2f}, {(g['ci_low_pct'] > 0).sum()}, "
               f"{(g['ci_high_pct'] < 0).sum()} of {len(g)}")

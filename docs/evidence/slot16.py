@@ -12,7 +12,9 @@ as :func:`horizon_length.slot16` chose it.
   the verdicts) in every setting.
 - ``scale`` → ``horizon_slot16_scale_{table,verdicts}.csv``: notebook 09's full scale sweep.
 - ``variants`` → ``horizon_slot16_variants.csv``: its ablations and forecast errors
-  (:func:`slot16_variants`) in the four settings of notebook 09's ablations.
+  (:data:`carbonrouter_lib.horizon_eval.VARIANTS` over its parameters: where a variant turns the
+  slot price off, sets J = 0 or the residence, ``slot_turns`` does not act) in the four settings
+  of notebook 09's ablations.
 
 Every run is notebook 09's second phase: the router, each variant and the pair with J = 16 are
 given CarbonRouter's P95 TTFT in the setting (a first phase of CarbonRouter's runs) as their SLO.
@@ -46,6 +48,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from horizon_length import SLOT16, print_drift  # noqa: E402
 from slot_credit import write_variant_grid  # noqa: E402  (table, verdicts and bound shares)
+from told import first_phase_slos  # noqa: E402  (notebook 09's first phase)
 
 #: The pair with J = 16 (the default router from 2026-12-06 to 2026-12-07), its label here; its
 #: parameters :data:`carbonrouter_lib.horizon_eval.PAIR_J16`, given explicitly.
@@ -56,26 +59,6 @@ SLOT16_LABEL = "J = 1, slot price over 16 turns"
 SLOT16_ROUTER: dict[str, Any] = SLOT16[SLOT16_LABEL]
 
 
-def slot16_variants() -> dict[str, dict[str, Any]]:
-    """Notebook 09's ablations (:data:`carbonrouter_lib.horizon_eval.VARIANTS`) over
-    :data:`SLOT16_ROUTER`, each its parameters in full: where a variant has no slot price, J = 0
-    or the slot residence, its slot price's turns are its own J (``slot_turns`` None), where
-    ``slot_turns`` does not act (these runs were made before the defaults changed, when
-    ``HorizonRouter`` refused it there)."""
-    out = {}
-    for label, params in he.VARIANTS.items():
-        q = dict(SLOT16_ROUTER) | dict(params)
-        if q.get("horizon") == 0 or q.get("slot_price") is False or q.get("slot_residence"):
-            q["slot_turns"] = None
-        out[label] = q
-    return out
-
-
-def _slo(settings) -> dict[tuple, float]:
-    """Notebook 09's first phase: CarbonRouter's P95 TTFT per setting of ``settings``."""
-    first = he.grid(settings, noise=(), reference=())
-    return he.ttft_slos(sweep.run_sweep(list(he.slo_runs(first)["spec"])), first)
-
 
 def grid_runs(grid: str) -> pd.DataFrame:
     """The runs of ``full|fresh|variants``: every online policy, the router
@@ -84,20 +67,20 @@ def grid_runs(grid: str) -> pd.DataFrame:
     also the router's ablations and forecast errors."""
     settings, with_variants = he.grid_settings("full" if grid == "variants" else grid)
     if grid == "variants":
-        settings, variants, noise = with_variants, slot16_variants(), he.NOISE
+        settings, variants, noise = with_variants, he.VARIANTS, he.NOISE
     else:
         variants, noise = {}, ()
     return he.grid(settings, variants_in=settings,
                    variants=variants | {PAIR_J16: he.PAIR_J16}, noise=noise,
                    reference=() if grid == "fresh" else he.REFERENCE,
-                   target_params=SLOT16_ROUTER, ttft_slo=_slo(settings))
+                   target_params=SLOT16_ROUTER,
+                   ttft_slo=first_phase_slos(he.grid(settings, noise=(), reference=())))
 
 
 def scale_runs() -> pd.DataFrame:
     """The runs of ``scale``: notebook 09's full scale sweep, every online policy, the router and
     :data:`PAIR_J16`, each router given CarbonRouter's P95 TTFT at the same setting."""
-    first = he.scale_grid("full")
-    slo = he.ttft_slos(sweep.run_sweep(list(he.slo_runs(first)["spec"])), first, by=he.SCALE_BY)
+    slo = first_phase_slos(he.scale_grid("full"), by=he.SCALE_BY)
     runs = he.scale_grid("full", ttft_slo=slo, target_params=SLOT16_ROUTER)
     j16 = he.scale_grid("full", ttft_slo=slo, target_params=he.PAIR_J16)
     return pd.concat([runs, j16[j16["policy"] == he.TARGET].assign(policy=PAIR_J16)],

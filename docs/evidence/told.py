@@ -65,6 +65,14 @@ def runs(settings) -> pd.DataFrame:
         drop=True)
 
 
+def first_phase_slos(first: pd.DataFrame, by=he.SETTING) -> dict[tuple, float]:
+    """Notebook 09's first phase: of the runs ``first`` (:func:`carbonrouter_lib.horizon_eval.
+    grid` or ``scale_grid``), CarbonRouter's (:func:`~carbonrouter_lib.horizon_eval.slo_runs`)
+    replayed, its P95 TTFT per setting (the columns ``by``) the routers' SLO
+    (:func:`~carbonrouter_lib.horizon_eval.ttft_slos`)."""
+    return he.ttft_slos(sweep.run_sweep(list(he.slo_runs(first)["spec"])), first, by=by)
+
+
 def pair_runs(settings, variants=he.TOLD, online=("session-affinity",)) -> pd.DataFrame:
     """:func:`runs` of the pair with J = 16 (the default router from 2026-12-06 to 2026-12-07,
     :data:`carbonrouter_lib.horizon_eval.PAIR_J16`, pinned; docs/model.md §11.4a) in notebook
@@ -73,8 +81,7 @@ def pair_runs(settings, variants=he.TOLD, online=("session-affinity",)) -> pd.Da
     (:func:`carbonrouter_lib.horizon_eval.ttft_slos`). ``variants`` (label → HorizonRouter
     parameters over the pair's; default :data:`carbonrouter_lib.horizon_eval.TOLD`) and the
     online policies ``online`` are kept beside the router."""
-    first = he.grid(settings, noise=(), reference=())
-    slo = he.ttft_slos(sweep.run_sweep(list(he.slo_runs(first)["spec"])), first)
+    slo = first_phase_slos(he.grid(settings, noise=(), reference=()))
     grid = he.grid(settings, variants_in=settings, variants=variants, noise=(), reference=(),
                    target_params=he.PAIR_J16, ttft_slo=slo)
     return grid[grid["policy"].isin([*online, he.TARGET, *variants])].reset_index(drop=True)
