@@ -298,6 +298,28 @@ def _forest(f, z, left, right, feature, threshold, default_left, tree_start, n_t
 # ---------------------------------------------------------------------------------------------
 
 @njit(**_LEAF)
+def _alpha(b, m, e_in, e_out, new_m, out_m, post_m):
+    """α_b of :func:`horizon_future`: the carbon per unit intensity of a future turn j = 0 of
+    model ``m`` recomputed on block ``b``, gCO2e per gCO2e/kWh (its history H_0 and new tokens
+    prefilled, n̄_out decoded); a turn j costs α_b + j·β_b, β_b = e_in·(n̄_new + n̄_out)."""
+    return e_in[b] * (new_m[m] + post_m[m]) + e_out[b] * out_m[m]
+
+
+@njit(**_LEAF)
+def _stay_line(b, m, d, alpha_b, beta_b, e_in, e_cache, e_out, new_m, out_m, post_m, keep,
+               kv_pool, cache_survival):
+    """(a0, a1) of :func:`horizon_future`: future turn j on deployment ``d`` (block ``b``,
+    model ``m``) with its cache kept costs a0 + j·a1 per unit intensity — its recomputation
+    (α_b, β_b) less the cached history's saving, weighted by p, the chance the cache survives
+    (its KV pool's ``keep``); without ``cache_survival`` the cache always survives."""
+    if cache_survival:
+        de = keep[kv_pool[d]] * (e_in[b] - e_cache[b])
+        return alpha_b - de * post_m[m], beta_b - de * (new_m[m] + out_m[m])
+    return (e_in[b] * new_m[m] + e_out[b] * out_m[m] + e_cache[b] * post_m[m],
+            e_cache[b] * (new_m[m] + out_m[m]))
+
+
+@njit(**_LEAF)
 def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new_m, out_m,
                    stay_m, e_in, e_cache, e_out, region, model, kv_pool, keep, n_models,
                    cache_survival, model_stickiness, fallback, eligible, phi, use_fallback,
@@ -342,6 +364,66 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
     per_turn = use_fallback or option
     if stay_j is not None:
         per_turn = True
+    if per_turn and n_j == 1 and stay_j is None and ret_dep is None and option and (
+            use_fallback or not model_stickiness):
+        # one future turn (J = 1): the sum below at j = 0, without its setup for J turns (each
+        # value is the same expression, so the same to the bit; a j·x term is kept as 0.0·x)
+        block = nd // n_r
+        ex_m = work[:n_models]  # each model's exit (∞: none)
+        best = work[n_models:2 * n_models]
+        move = work[2 * n_models:3 * n_models]
+        lines = True
+        for m in range(n_models):
+            lines = lines and dom[m] >= 0
+        if lines:
+            # each model's least block's α (best) and β (move); the option's move: the least
+            # eligible α, the first on ties
+            e0, m0 = np.inf, -1
+            for m in range(n_models):
+                b = dom[m]
+                best[m] = _alpha(b, m, e_in, e_out, new_m, out_m, post_m)
+                move[m] = e_in[b] * (new_m[m] + out_m[m])
+                if eligible[m] and best[m] < e0:
+                    e0, m0 = best[m], m
+            if m0 >= 0:
+                b0 = dom[m0]
+                w_lo = fc_lo[0] * (best[m0] + 0.0 * move[m0])
+                w_free = 1.0 - phi[kv_pool[fc_arg[0] * block + b0]]
+                w_s = surv[0] * 1.0
+                if model_stickiness:
+                    for m in range(n_models):
+                        ea, eb, ws = 0.0, 0.0, 0.0
+                        for m2 in range(n_models):
+                            w = fallback[m, m2]
+                            if m2 != m and w > 0.0:
+                                ea += w * best[m2]
+                                eb += w * move[m2]
+                                ws += w
+                        if ws > 0.0:
+                            ea, eb = ea / ws, eb / ws
+                        else:
+                            ea, eb = np.inf, 0.0
+                        ex_m[m] = fc_lo[0] * (ea + 0.0 * eb)
+                for d in range(nd):
+                    if not mask[d]:
+                        future[d] = 0.0
+                        continue
+                    r = region[d]
+                    b = d - r * block
+                    m = model[b]
+                    a0, a1 = _stay_line(b, m, d, _alpha(b, m, e_in, e_out, new_m, out_m, post_m),
+                                        e_in[b] * (new_m[m] + out_m[m]), e_in, e_cache, e_out,
+                                        new_m, out_m, post_m, keep, kv_pool, cache_survival)
+                    q = stay_m[m]
+                    ex = 0.0
+                    if model_stickiness and ex_m[m] < np.inf:
+                        ex = ex_m[m]
+                    else:
+                        q = 1.0
+                    v = fc[r, 0] * (a0 + 0.0 * a1)
+                    v = q * v + (1 - q) * ex
+                    future[d] = 0.0 + w_s * (v - w_free * max(v - w_lo, 0.0))
+                return
     if per_turn:
         # turn by turn: the option's min and the fallback's mixture do not sum in closed form.
         # Deployments are numbered region-major with the same (GPU, model) block of energies in
@@ -374,7 +456,7 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
                 need[model[d]] = 1.0
         for b in range(block):
             m = model[b]
-            alpha[b] = e_in[b] * (new_m[m] + post_m[m]) + e_out[b] * out_m[m]
+            alpha[b] = _alpha(b, m, e_in, e_out, new_m, out_m, post_m)
             beta[b] = e_in[b] * (new_m[m] + out_m[m])
         lines = True  # every model has its least block at every turn
         for m in range(n_models):
@@ -503,17 +585,12 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
             r = region[d]
             b = d - r * block
             m = model[b]
-            g = new_m[m] + out_m[m]
-            de = keep[kv_pool[d]] * (e_in[b] - e_cache[b])
+            a0, a1 = _stay_line(b, m, d, alpha[b], beta[b], e_in, e_cache, e_out, new_m, out_m,
+                                post_m, keep, kv_pool, cache_survival)
             q = stay_m[m]
             # the turns' terms in a loop without a branch or a carried dependence (it
             # vectorizes), then their sum in the order of j; without an exit, q = 1 and the exit
             # row is 0, so v is unchanged
-            if cache_survival:
-                a0, a1 = alpha[b] - de * post_m[m], beta[b] - de * g
-            else:
-                a0 = e_in[b] * new_m[m] + e_out[b] * out_m[m] + e_cache[b] * post_m[m]
-                a1 = e_cache[b] * g
             if model_stickiness and w_ex[m * n_j] < np.inf:
                 ex = w_ex[m * n_j:(m + 1) * n_j]
             else:

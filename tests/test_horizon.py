@@ -402,17 +402,15 @@ def _reference_future(surv, rho, fc, post_m, new_m, out_m, stay_m, e_in, e_cache
     return total
 
 
-@pytest.mark.parametrize("use_fallback, option", [(False, False), (True, False), (False, True),
-                                                  (True, True)])
-@pytest.mark.parametrize("survival, stickiness, dominant", [
-    (True, True, True), (False, True, True), (True, False, True), (True, True, False)])
-def test_the_future_term_is_its_formula(use_fallback, option, survival, stickiness, dominant):
-    # kernel.horizon_future (the closed form of the former router where it applies, turn by
-    # turn otherwise) against the sum written out in numpy, on random deployments
+def _random_future(rng, n_j: int, dominant: bool, n_r: int = 3, n_m: int = 5,
+                   n_kv: int = 4) -> tuple:
+    """A random instance of kernel.horizon_future's arguments, J = ``n_j`` turns: (args, fallback,
+    eligible, phi, mask, dom, fc_lo, fc_arg, future, miss, work); ``args`` are (surv, rho, fc,
+    post_m, new_m, out_m, stay_m, e_in, e_cache, e_out, region, model, kv_pool, keep), and
+    _reference_future's first arguments. ``dominant``: e_out ∝ e_in, so that one GPU is least in
+    every energy (without it, one may be by chance: ``dom`` says)."""
     from carbonrouter_lib import kernel
 
-    rng = np.random.default_rng(11)
-    n_r, n_m, n_j, n_kv = 3, 5, 6, 4
     region = np.repeat(np.arange(n_r), 2 * n_m)
     model = np.tile(np.arange(n_m), 2 * n_r)
     n = len(model)
@@ -427,18 +425,35 @@ def test_the_future_term_is_its_formula(use_fallback, option, survival, stickine
             rng.uniform(100, 5000, n_m), rng.uniform(10, 200, n_m), rng.uniform(50, 500, n_m),
             rng.uniform(0, 1, n_m), e_in, e_cache, e_out, region, model, kv_pool,
             rng.uniform(0.3, 1, n_kv))
-    eligible = np.array([False, True, True, True, True])
+    eligible = np.array([False] + [True] * (n_m - 1))
     phi = rng.uniform(0, 1, n_kv)
-    future, miss = np.zeros(n), np.zeros(n)
-    work = np.empty(kernel.horizon_work_size(n_r, n_m, n, n_j))
     mask = rng.uniform(0, 1, n) < 0.6  # the candidates: the others need no value
     dom = kernel.dominant_blocks(e_in, e_out, model, n_m, n // n_r)
-    assert (dom >= 0).all() == dominant  # e_out ∝ e_in: one GPU is least in every energy
     fc = args[2]
     fc_lo, fc_arg = np.empty(n_j), np.empty(n_j, np.int64)
     kernel.forecast_minima(fc, fc_lo, fc_arg)
     np.testing.assert_array_equal(fc_lo, fc.min(axis=0))  # no ties in a uniform draw
     np.testing.assert_array_equal(fc_arg, fc.argmin(axis=0))
+    work = np.empty(kernel.horizon_work_size(n_r, n_m, n, n_j))
+    return (args, fallback, eligible, phi, mask, dom, fc_lo, fc_arg, np.zeros(n), np.zeros(n),
+            work)
+
+
+@pytest.mark.parametrize("use_fallback, option", [(False, False), (True, False), (False, True),
+                                                  (True, True)])
+@pytest.mark.parametrize("survival, stickiness, dominant", [
+    (True, True, True), (False, True, True), (True, False, True), (True, True, False)])
+def test_the_future_term_is_its_formula(use_fallback, option, survival, stickiness, dominant):
+    # kernel.horizon_future (the closed form of the former router where it applies, turn by
+    # turn otherwise) against the sum written out in numpy, on random deployments
+    from carbonrouter_lib import kernel
+
+    rng = np.random.default_rng(11)
+    n_m, n_j = 5, 6
+    (args, fallback, eligible, phi, mask, dom, fc_lo, fc_arg, future, miss,
+     work) = _random_future(rng, n_j, dominant)
+    fc, model, region, n, n_kv = args[2], args[11], args[10], len(mask), len(args[13])
+    assert (dom >= 0).all() == dominant  # e_out ∝ e_in: one GPU is least in every energy
     stay_j, exit_j = np.ones((n_m, n_j)), np.full(n_j, -1, np.int64)
     kernel.horizon_future(future, miss, work, *args[:3], fc_lo, fc_arg, *args[3:], n_m, survival,
                           stickiness, fallback, eligible, phi, use_fallback, option, mask, dom)
@@ -493,6 +508,47 @@ def test_the_future_term_is_its_formula(use_fallback, option, survival, stickine
                                  use_fallback, option, told=(stay_j, exit_j))
     np.testing.assert_allclose(future[mask], expected[mask], rtol=1e-12)
     assert not np.allclose(future[mask], learned[mask])
+
+
+@pytest.mark.parametrize("use_fallback, option", [(False, False), (True, False), (False, True),
+                                                  (True, True)])
+@pytest.mark.parametrize("survival, stickiness, dominant", [
+    (True, True, True), (False, True, True), (True, False, True), (True, True, False)])
+def test_one_future_turn_is_the_turn_by_turn_sum_to_the_bit(use_fallback, option, survival,
+                                                             stickiness, dominant):
+    # J = 1 (the default) has a path of its own in kernel.horizon_future (without the setup
+    # for J turns): its values are the numpy sum's and, to the bit, the turn-by-turn sum's over
+    # J = 2 with no chance of a second turn (the same first turn, then 0 added)
+    from carbonrouter_lib import kernel
+
+    drawn = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        (args, fallback, eligible, phi, mask, dom, fc_lo, fc_arg, future, miss,
+         work) = _random_future(rng, 2, dominant)
+        if (dom >= 0).all() != dominant:
+            continue  # a GPU least in both energies by chance
+        drawn += 1
+        n_m = len(args[4])
+        rest = (n_m, survival, stickiness, fallback, eligible, phi, use_fallback, option, mask,
+                dom)
+        surv2 = args[0].copy()
+        surv2[1] = 0.0
+        kernel.horizon_future(future, miss, work, surv2, *args[1:3], fc_lo, fc_arg, *args[3:],
+                              *rest)
+        two = future.copy()
+        one = (args[0][:1], args[1], np.ascontiguousarray(args[2][:, :1]))
+        lo1, arg1 = fc_lo[:1].copy(), fc_arg[:1].copy()
+        future[:] = np.nan
+        kernel.horizon_future(future, miss, work, *one, lo1, arg1, *args[3:], *rest)
+        priced = mask if (use_fallback or option) else np.ones(len(mask), dtype=bool)
+        np.testing.assert_allclose(future[priced], _reference_future(
+            *one, *args[3:], survival, stickiness, fallback, eligible, phi, use_fallback,
+            option)[priced], rtol=1e-12)
+        if use_fallback or option:  # the turn-by-turn sum: J = 2 runs it too
+            np.testing.assert_array_equal(future[priced], two[priced])
+            assert (future[~mask] == 0).all()
+    assert drawn >= 10
 
 
 def test_the_fallback_is_learned_from_other_conversations():
