@@ -340,7 +340,9 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
     pool). Without ``use_fallback`` and ``option`` the sum runs in its closed form (the former
     router's operations, to the bit); with either, turn by turn, for the candidates (``mask``)
     only (0 elsewhere), the deployments numbered region-major with the same energies in every
-    region (:meth:`carbonrouter_lib.deployments.Deployments.build`'s). Shared by the Python
+    region (:meth:`carbonrouter_lib.deployments.Deployments.build`'s); one future turn (J = 1,
+    the default) with the option, no told models and no return exit has a path of its own
+    without the set-up for J turns, the same values to the bit. Shared by the Python
     policy and the compiled loop, so both compute the same values (the sums over j run in
     order). ``stay_j`` (models, J) and ``exit_j`` (J,) are a reference's, told the models of the
     session's future turns (:func:`told_models`): turn j's q_m is ``stay_j[m, j]`` and, where
