@@ -11,6 +11,12 @@ as :func:`horizon_length.slot16` chose it.
   possible saving over Session-Affinity). The full grid has the oracle gate (a reference, not in
   the verdicts) in every setting.
 - ``scale`` → ``horizon_slot16_scale_{table,verdicts}.csv``: notebook 09's full scale sweep.
+- ``scale-bound`` → ``horizon_slot16_scale_bound.csv``: the same runs' shares of the clairvoyant
+  bound's possible saving over Session-Affinity at every scale of the sweep
+  (:func:`carbonrouter_lib.horizon_eval.scale_bound_shares`; the bound computed per setting up
+  to :data:`~carbonrouter_lib.horizon_eval.SCALE_BOUND_MAX_QUERIES` queries, so not for
+  ShareGPT at 136 copies): how the 70%
+  target's verdict moves with the scale.
 - ``variants`` → ``horizon_slot16_variants.csv``: its ablations and forecast errors
   (:data:`carbonrouter_lib.horizon_eval.VARIANTS` over its parameters: where a variant turns the
   slot price off, sets J = 0 or the residence, ``slot_turns`` does not act) in the four settings
@@ -29,7 +35,8 @@ What was looked at: J = 1 with the slot price over 16 turns was designed on the 
 The pair's two prices were designed after both grids, so ``held_out`` is False in both grids
 (:data:`carbonrouter_lib.horizon_eval.DESIGNED_ON_PAIR`) and True in the scale sweep. About 20
 minutes a grid on two cores from scratch (the oracle gate's 32 runs most of an hour). Run from the
-repository root: ``.venv/bin/python docs/evidence/slot16.py full|fresh|scale|variants``.
+repository root: ``.venv/bin/python docs/evidence/slot16.py
+full|fresh|scale|scale-bound|variants``.
 """
 
 from __future__ import annotations
@@ -96,7 +103,24 @@ def _drift(t: pd.DataFrame, name: str, by) -> None:
         print_drift(pair, f"horizon_kv_price_pair_{name}_table.csv", by, policy)
 
 
+def scale_bound() -> None:
+    """``scale-bound``: the scale sweep's runs (:func:`scale_runs`, their drift against the
+    committed tables printed) and every online policy's, the router's and the pair's with
+    J = 16 share of the bound's possible saving per setting."""
+    runs = scale_runs()
+    results = sweep.run_sweep(list(runs["spec"]))
+    _drift(he.scale_table(results, runs), "scale", list(he.SCALE_BY))
+    shares = he.scale_bound_shares(results, runs, policies=(*he.ONLINE, he.TARGET, PAIR_J16),
+                                   max_queries=he.SCALE_BOUND_MAX_QUERIES)
+    save_table(shares, "horizon_slot16_scale_bound", HERE, parquet=False)
+    print(shares.pivot_table(index=[*he.SCALE_BY, "peak_sessions"], columns="policy",
+                             sort=False, values="share_of_possible_saving").round(3).to_string())
+
+
 def main(grid: str) -> None:
+    if grid == "scale-bound":
+        scale_bound()
+        return
     if grid == "scale":
         runs = scale_runs()
         t = he.scale_table(sweep.run_sweep(list(runs["spec"])), runs)
@@ -107,8 +131,8 @@ def main(grid: str) -> None:
         print(v.round(3).to_string())
         return
     if grid not in ("full", "fresh", "variants"):
-        raise SystemExit(f"slot16.py: grid must be 'full', 'fresh', 'scale' or 'variants', "
-                         f"got {grid!r}")
+        raise SystemExit(f"slot16.py: grid must be 'full', 'fresh', 'scale', 'scale-bound' or "
+                         f"'variants', got {grid!r}")
     runs = grid_runs(grid)
     t = he.table(sweep.run_sweep(list(runs["spec"])), runs, designed_on=he.DESIGNED_ON_PAIR)
     _drift(t, "full" if grid == "variants" else grid, he.SETTING)
