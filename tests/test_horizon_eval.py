@@ -2943,6 +2943,13 @@ def test_the_committed_slot16_scale_bound_follows_from_the_scale_table():
     sentence = _slot16_scale_bound_sentence()
     assert sentence in _readme_text()
     assert sentence in _model_text()
+    # on ShareGPT below 70% at every scale, falling from P = 126 on
+    router = has[(has["policy"] == he.TARGET) & (has["dataset"] == "sharegpt")]
+    for _, g in router.groupby("memory"):
+        share = g.set_index("peak_sessions")["share_of_possible_saving"].sort_index()
+        assert share.max() < 0.7 and (share.loc[126:].diff().dropna() < 0).all()
+    said = "On ShareGPT it stays below 70% at every scale and falls from P = 126 on"
+    assert said in _readme_text()
     # where it reaches 70%, the others named capture 80–86% too
     small = has[(has["dataset"] == "mooncake") & (has["memory"] == "paper x10")
                 & (has["peak_sessions"] == 10)].set_index("policy")["share_of_possible_saving"]
