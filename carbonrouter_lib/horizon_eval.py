@@ -41,11 +41,9 @@ from carbonrouter_lib.replays import SEASONS
 from carbonrouter_lib.sweep import RunSpec
 
 __all__ = ["TARGET", "ONLINE", "REFERENCE", "FORMER", "VARIANTS", "NOISE", "TUNED", "FRESH_WEEKS",
-           "WINDOWS", "DESIGNED_ON", "SETTING", "GRIDS", "SCALE_GRIDS", "SCALE_BY",
-           "SCALE_BOUND_MAX_QUERIES", "setting",
+           "WINDOWS", "DESIGNED_ON", "SETTING", "GRIDS", "SCALE_GRIDS", "SCALE_BY", "setting",
            "grid", "grid_settings", "scale_grid", "table", "scale_table", "verdicts",
-           "variants_table", "bound_shares", "scale_bound_shares", "parted_bound_kg",
-           "first_turn_split",
+           "variants_table", "bound_shares", "scale_bound_shares", "first_turn_split",
            "held_out", "with_ttft_slo",
            "TTFT_SLO_FROM", "NO_TTFT_SLO", "TTFT_SLO_DESIGNED_ON", "TOLD", "GAP_PARTS",
            "gap_to_bound", "TURN_KINDS", "turn_kinds", "by_turn_kind", "caching_ceiling",
@@ -199,10 +197,6 @@ SCALE_GRIDS: dict[str, tuple[tuple[str, tuple[float, ...], tuple[str, ...]], ...
 }
 #: The columns that tell the scale sweep's settings apart.
 SCALE_BY: tuple[str, ...] = ("dataset", "region_set", "memory", "copies")
-#: :func:`scale_bound_shares`'s ``max_queries`` in notebook 09 and ``slot16.py scale-bound``: the
-#: bound's inputs for ShareGPT's 8.3M queries at 136 copies ran a 24-GiB machine out of memory
-#: (the 3.9M of 64 copies did not), so larger workloads are bounded in parts of whole sessions.
-SCALE_BOUND_MAX_QUERIES = 5_000_000
 
 
 def grid_settings(name: str) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
@@ -458,8 +452,7 @@ def bound_shares(results: Mapping[str, Any], runs: pd.DataFrame, peak: int | str
 
 
 def scale_bound_shares(results: Mapping[str, Any], runs: pd.DataFrame,
-                       policies: Sequence[str] | None = None,
-                       max_queries: int | None = None) -> pd.DataFrame:
+                       policies: Sequence[str] | None = None) -> pd.DataFrame:
     """:func:`bound_shares` of a :func:`scale_grid`: per setting of the scale sweep (its
     :data:`SCALE_BY` values), the clairvoyant bound of its workload at its copies
     (:func:`carbonrouter_lib.bound.ensure_bound` of the configs its runs were made with, cached
@@ -468,10 +461,7 @@ def scale_bound_shares(results: Mapping[str, Any], runs: pd.DataFrame,
     :data:`TARGET`. Columns: the :data:`SCALE_BY` keys, ``peak_sessions`` (P), ``policy``,
     ``co2_kg``, ``bound_kg``, ``session_affinity_kg``, ``bound_rel``,
     ``share_of_possible_saving``, ``rejected_share``, ``queries``. How the share of the possible
-    saving moves with the scale, which the issue's 70% target fixes at the default.
-    ``max_queries``: a workload with more queries is bounded in parts of whole sessions of at
-    most that many (:func:`parted_bound_kg`, not cached; the bound's inputs are several arrays
-    per query and deployment, and at 8.3M queries they exceed a 24-GiB machine)."""
+    saving moves with the scale, which the issue's 70% target fixes at the default."""
     rows = []
     for st, g in runs.groupby(list(SCALE_BY), sort=False):
         st = dict(zip(SCALE_BY, st, strict=True))
@@ -481,47 +471,20 @@ def scale_bound_shares(results: Mapping[str, Any], runs: pd.DataFrame,
                            f"['session-affinity']")
         sa = results[g.loc["session-affinity", "key"]].summary
         spec = g.loc["session-affinity", "spec"]
-        n = int(sa["n_queries"])
-        configs = (spec.workload_config(), spec.simulation_config())
-        parts = max_queries if max_queries is not None and n > max_queries else None
-        rows += _share_rows(results, st, g, policies or (*ONLINE, TARGET), configs, False,
-                            {"peak_sessions": float(sa["peak_sessions"]), "queries": n},
-                            "scale_bound_shares", parts)
+        rows += _share_rows(results, st, g, policies or (*ONLINE, TARGET),
+                            (spec.workload_config(), spec.simulation_config()), False,
+                            {"peak_sessions": float(sa["peak_sessions"]),
+                             "queries": int(sa["n_queries"])}, "scale_bound_shares")
     return pd.DataFrame(rows)
-
-
-def parted_bound_kg(workload_config: prepared.WorkloadConfig, simulation_config: Any,
-                    max_queries: int) -> float:
-    """The clairvoyant bound of a setting, kg CO2e, computed in parts of whole sessions of at
-    most ``max_queries`` queries each (a session with more is a part of its own) and summed:
-    :func:`carbonrouter_lib.bound.ensure_bound`'s total, in less memory. The plain bound is per
-    session (its relaxation 1 leaves sessions independent: unlimited capacity), so the parts'
-    sum is the whole's, up to the order of the sum (tested). Not cached."""
-    if max_queries < 1:
-        raise ValueError(f"parted_bound_kg: max_queries must be ≥ 1, got {max_queries}")
-    table = prepared.prepare_workload(workload_config)
-    starts = np.flatnonzero(table["turn"].to_numpy() == 0)
-    ends = np.append(starts[1:], len(table))
-    total, lo = 0.0, 0
-    while lo < len(starts):
-        hi = lo + 1  # whole sessions up to max_queries rows (at least one session)
-        while hi < len(starts) and ends[hi] - starts[lo] <= max_queries:
-            hi += 1
-        part = table.iloc[starts[lo]:ends[hi - 1]]
-        total += float(bound.clairvoyant_bound(part, simulation_config)["carbon_g"].sum())
-        lo = hi
-    return total / 1e3
 
 
 def _share_rows(results: Mapping[str, Any], st: dict[str, Any], g: pd.DataFrame,
                 mine: Sequence[str], configs: tuple, priced: bool,
-                more: dict[str, Any], caller: str, parts: int | None = None
-                ) -> list[dict[str, Any]]:
+                more: dict[str, Any], caller: str) -> list[dict[str, Any]]:
     """The rows of :func:`bound_shares` (and :func:`scale_bound_shares`) for one setting ``st``:
     its runs ``g`` (indexed by policy), the policies ``mine``, the bound of ``configs``
-    (workload and simulation configs; with ``parts``, :func:`parted_bound_kg` in parts of that
-    many queries), ``more`` columns in every row; a KeyError naming ``caller`` and the setting
-    where a policy (or Session-Affinity) has no run."""
+    (workload and simulation configs), ``more`` columns in every row; a KeyError naming
+    ``caller`` and the setting where a policy (or Session-Affinity) has no run."""
     missing = [p for p in ("session-affinity", *mine) if p not in g.index]
     if missing:
         raise KeyError(f"{caller}: setting {st} has no runs of {missing}")
@@ -529,8 +492,7 @@ def _share_rows(results: Mapping[str, Any], st: dict[str, Any], g: pd.DataFrame,
     sa = float(results[g.loc["session-affinity", "key"]].summary["total_co2_kg"])
     rejected = max(float(results[g.loc[p, "key"]].summary["share_rejected"])
                    for p in ("session-affinity", *mine))
-    b_kg = (parted_bound_kg(*configs, parts) if parts is not None
-            else float(bound.ensure_bound(*configs)["carbon_g"].sum()) / 1e3)
+    b_kg = float(bound.ensure_bound(*configs)["carbon_g"].sum()) / 1e3
     extra = {}
     if priced:
         pb = bound.ensure_priced_bound(*configs, upper_g=1e3 * min(sa, *co2.values()))

@@ -306,6 +306,13 @@ def _alpha(b, m, e_in, e_out, new_m, out_m, post_m):
 
 
 @njit(**_LEAF)
+def _beta(b, m, e_in, new_m, out_m):
+    """β_b of :func:`horizon_future`: how much a future turn's recomputation on block ``b``
+    grows per turn, per unit intensity (the history grows by n̄_new + n̄_out a turn)."""
+    return e_in[b] * (new_m[m] + out_m[m])
+
+
+@njit(**_LEAF)
 def _stay_line(b, m, d, alpha_b, beta_b, e_in, e_cache, e_out, new_m, out_m, post_m, keep,
                kv_pool, cache_survival):
     """(a0, a1) of :func:`horizon_future`: future turn j on deployment ``d`` (block ``b``,
@@ -384,7 +391,7 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
             for m in range(n_models):
                 b = dom[m]
                 best[m] = _alpha(b, m, e_in, e_out, new_m, out_m, post_m)
-                move[m] = e_in[b] * (new_m[m] + out_m[m])
+                move[m] = _beta(b, m, e_in, new_m, out_m)
                 if eligible[m] and best[m] < e0:
                     e0, m0 = best[m], m
             if m0 >= 0:
@@ -414,7 +421,7 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
                     b = d - r * block
                     m = model[b]
                     a0, a1 = _stay_line(b, m, d, _alpha(b, m, e_in, e_out, new_m, out_m, post_m),
-                                        e_in[b] * (new_m[m] + out_m[m]), e_in, e_cache, e_out,
+                                        _beta(b, m, e_in, new_m, out_m), e_in, e_cache, e_out,
                                         new_m, out_m, post_m, keep, kv_pool, cache_survival)
                     q = stay_m[m]
                     ex = 0.0
@@ -459,7 +466,7 @@ def horizon_future(future, miss, work, surv, rho, fc, fc_lo, fc_arg, post_m, new
         for b in range(block):
             m = model[b]
             alpha[b] = _alpha(b, m, e_in, e_out, new_m, out_m, post_m)
-            beta[b] = e_in[b] * (new_m[m] + out_m[m])
+            beta[b] = _beta(b, m, e_in, new_m, out_m)
         lines = True  # every model has its least block at every turn
         for m in range(n_models):
             lines = lines and dom[m] >= 0

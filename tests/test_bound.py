@@ -494,6 +494,23 @@ def test_compiled_bound_equals_the_per_session_reference(case, max_tracked):
     assert (got["energy_kwh"] >= 0).all()
 
 
+
+@settings(max_examples=30, deadline=None)
+@given(workloads(), st.integers(1, 12), st.booleans())
+def test_the_bound_in_parts_of_sessions_is_the_whole_tables(case, part_rows, returns):
+    # clairvoyant_bound builds its inputs and runs per part of whole sessions (part_rows; a
+    # longer session a part of its own): every session's bound is its own, so every row is the
+    # same to the bit as in one part; a third of the table, or one row, a part
+    table, values, _, _ = case
+    signal = make_signal(values)
+    whole = clairvoyant_bound(table, CONFIG, signal, returns=returns, part_rows=len(table))
+    for rows in (part_rows, max(1, len(table) // 3), 1):
+        pd.testing.assert_frame_equal(
+            clairvoyant_bound(table, CONFIG, signal, returns=returns, part_rows=rows), whole,
+            check_exact=True)
+    with pytest.raises(ValueError, match="part_rows"):
+        clairvoyant_bound(table, CONFIG, signal, part_rows=0)
+
 def test_share_of_possible_saving():
     from carbonrouter_lib.bound import share_of_possible_saving
 

@@ -339,14 +339,14 @@ def test_scale_bound_shares_are_the_bound_comparison_of_the_records(tmp_path):
     assert (shares["peak_sessions"] == results[spec.key()].summary["peak_sessions"]).all()
     _check_bound_comparison(shares, spec.workload_config(), spec.simulation_config(), tmp_path)
     assert (shares["queries"] == results[spec.key()].summary["n_queries"]).all()
-    # bounded in parts of whole sessions (a large workload), the same bound: per session
-    parted = he.scale_bound_shares(results, runs, max_queries=int(shares["queries"].iloc[0]) // 3)
-    assert parted["bound_kg"].to_numpy() == pytest.approx(shares["bound_kg"].to_numpy(),
-                                                          rel=1e-12)
-    assert he.parted_bound_kg(spec.workload_config(), spec.simulation_config(), 1) == (
-        pytest.approx(float(shares["bound_kg"].iloc[0]), rel=1e-12))  # a session a part
-    with pytest.raises(ValueError, match="max_queries"):
-        he.parted_bound_kg(spec.workload_config(), spec.simulation_config(), 0)
+    # the bound in parts of whole sessions (a large workload's), the same bound: per session
+    from carbonrouter_lib import bound, prepared
+
+    table = prepared.prepare_workload(spec.workload_config())
+    for rows in (len(table) // 3, 1):
+        parted = bound.clairvoyant_bound(table, spec.simulation_config(), part_rows=rows)
+        assert float(parted["carbon_g"].sum()) / 1e3 == pytest.approx(
+            float(shares["bound_kg"].iloc[0]), rel=1e-12)
     with pytest.raises(KeyError, match="scale_bound_shares: .* has no runs of"):
         he.scale_bound_shares(results, runs[runs.policy != "gar"])
 
@@ -2935,8 +2935,12 @@ def test_the_committed_slot16_scale_bound_follows_from_the_scale_table():
     assert (m["peak_sessions"] == m["peak_sessions_t"]).all()
     assert (m["queries"] == m["queries_t"]).all()
     assert m["bound_kg"].notna().all()
-    big = m[m["queries"] > he.SCALE_BOUND_MAX_QUERIES]  # bounded in parts of whole sessions
-    assert set(zip(big["dataset"], big["copies"], strict=True)) == {("sharegpt", 136.0)}
+    from carbonrouter_lib import bound
+
+    part = inspect.signature(bound.clairvoyant_bound).parameters["part_rows"].default
+    big = m[m["queries"] > part]  # its inputs built in parts of whole sessions
+    assert set(zip(big["dataset"], big["copies"], strict=True)) == {("sharegpt", 64.0),
+                                                                    ("sharegpt", 136.0)}
     sa = m["session_affinity_kg"]
     assert m["share_of_possible_saving"].to_numpy() == pytest.approx(
         ((sa - m["co2_kg"]) / (sa - m["bound_kg"])).to_numpy(), rel=1e-12)

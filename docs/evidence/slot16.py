@@ -13,10 +13,9 @@ as :func:`horizon_length.slot16` chose it.
 - ``scale`` → ``horizon_slot16_scale_{table,verdicts}.csv``: notebook 09's full scale sweep.
 - ``scale-bound`` → ``horizon_slot16_scale_bound.csv``: the same runs' shares of the clairvoyant
   bound's possible saving over Session-Affinity at every scale of the sweep
-  (:func:`carbonrouter_lib.horizon_eval.scale_bound_shares`; the bound computed per setting,
-  above :data:`~carbonrouter_lib.horizon_eval.SCALE_BOUND_MAX_QUERIES` queries, ShareGPT at 136
-  copies, in parts of whole sessions; about 5 minutes with the sweep's runs cached): how the
-  70% target's verdict moves with the scale.
+  (:func:`carbonrouter_lib.horizon_eval.scale_bound_shares`; the bound computed and cached per
+  setting, about 15 minutes with the sweep's runs cached): how the 70% target's verdict moves
+  with the scale.
 - ``variants`` → ``horizon_slot16_variants.csv``: its ablations and forecast errors
   (:data:`carbonrouter_lib.horizon_eval.VARIANTS` over its parameters: where a variant turns the
   slot price off, sets J = 0 or the residence, ``slot_turns`` does not act) in the four settings
@@ -110,8 +109,7 @@ def scale_bound() -> None:
     runs = scale_runs()
     results = sweep.run_sweep(list(runs["spec"]))
     _drift(he.scale_table(results, runs), "scale", list(he.SCALE_BY))
-    shares = he.scale_bound_shares(results, runs, policies=(*he.ONLINE, he.TARGET, PAIR_J16),
-                                   max_queries=he.SCALE_BOUND_MAX_QUERIES)
+    shares = he.scale_bound_shares(results, runs, policies=(*he.ONLINE, he.TARGET, PAIR_J16))
     save_table(shares, "horizon_slot16_scale_bound", HERE, parquet=False)
     print(shares.pivot_table(index=[*he.SCALE_BY, "peak_sessions"], columns="policy",
                              sort=False, values="share_of_possible_saving").round(3).to_string())
