@@ -140,6 +140,9 @@ class Blend(Forecaster):
         per_signal = _BLEND_FITS.setdefault(signal, {})
         self._fits: dict[int, tuple[np.ndarray, np.ndarray]] = per_signal.setdefault(
             (self.fit_steps, self.max_lead), {})
+        # per vector of leads asked for (its bytes): the offsets of yesterday's rows and the
+        # leads' weights per day, so that a forecast made every grid row costs a few operations
+        self._plans: dict[bytes, tuple[np.ndarray, np.ndarray, dict[int, np.ndarray]]] = {}
 
     def weights(self, day_start: int) -> np.ndarray:
         """(n_regions, max_lead + 1) weights fitted on the rows before ``day_start``."""
@@ -176,10 +179,21 @@ class Blend(Forecaster):
         return w[:, cols]
 
     def predict(self, row: int, leads: np.ndarray) -> np.ndarray:
-        leads = np.asarray(leads)
-        now = self._past(np.array([row]), row)
-        yday = self._past(self._yesterday_rows(row, leads), row)
-        w = self._weights_at(row - row % self.day_steps, np.minimum(leads, self.max_lead))
+        leads = np.asarray(leads, np.int64)
+        key = leads.tobytes()
+        plan = self._plans.get(key)
+        if plan is None:  # per vector of leads: yesterday's rows as offsets, the weights per day
+            past = self._yesterday_rows(0, leads)
+            if np.any(past > 0):
+                raise AssertionError("a forecast read the future")
+            plan = self._plans[key] = (past, np.minimum(leads, self.max_lead), {})
+        past, cols, per_day = plan
+        day = row - row % self.day_steps
+        w = per_day.get(day)
+        if w is None:
+            w = per_day[day] = self._weights_at(day, cols)
+        now = self._values[max(row, 0)][:, None]
+        yday = self._values[np.maximum(row + past, 0)].T
         return now + w * (yday - now)
 
     def predict_rows(self, rows: np.ndarray, leads: np.ndarray) -> np.ndarray:

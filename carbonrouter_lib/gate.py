@@ -59,7 +59,7 @@ from carbonrouter_lib.policies import (
     QueryContext,
     feasibility,
 )
-from carbonrouter_lib.prepared import conversation_folds
+from carbonrouter_lib.prepared import conversation_fold, conversation_folds
 from carbonrouter_lib.setting import SimulationConfig
 
 if TYPE_CHECKING:  # XGBoost is imported where a gate is trained or loaded
@@ -528,8 +528,8 @@ class LearnedGate:
         each session is its own conversation): the model that routes it never saw it."""
         f = self._fold.get(conversation)
         if f is None:
-            f = self._fold[conversation] = int(
-                conversation_folds([conversation], self.training.folds, self.training.seed)[0])
+            f = self._fold[conversation] = conversation_fold(
+                conversation, self.training.folds, self.training.seed)
         return f
 
     def advantage(self, ctx: QueryContext, cand: Candidates, g: int, b: int) -> float:

@@ -849,6 +849,37 @@ def told_models(stay_j, exit_j, feasible, start, c, k, stay_m):
                 stay_j[m, j] = stay_m[m]
 
 
+@njit(**_LEAF, inline="always")
+def pick(carbon, future, slot, ttft, kv, extra, mask, with_slot, with_ttft, with_kv, with_extra):
+    """The horizon router's choice: the candidate (``mask``) of least total, gCO2e — Ĉ
+    (``carbon``) + the future term, then each price that is on (the slot, TTFT and KV prices, a
+    subclass's ``extra``), added in that order; the first on ties; the first candidate where no
+    total is below +inf; −1 without candidates. Both replay loops choose with it."""
+    # the candidates' totals, summed one by one: a loop over every deployment would read Ĉ, the
+    # future and the prices back in vectors right after they were written one by one, and wait
+    # for the stores to land
+    a = -1
+    lo = np.inf
+    for b in range(len(mask)):
+        if mask[b]:
+            v = carbon[b] + future[b]
+            if with_slot:
+                v = v + slot[b]
+            if with_ttft:
+                v = v + ttft[b]
+            if with_kv:
+                v = v + kv[b]
+            if with_extra:
+                v = v + extra[b]
+            if v < lo:
+                lo, a = v, b
+    if a == -1:
+        for b in range(len(mask)):
+            if mask[b]:
+                return b
+    return a
+
+
 @njit(cache=True)
 def horizon_work_size(n_regions: int, n_models: int, n_deployments: int, horizon: int) -> int:
     """Length of :func:`horizon_future`'s scratch ``work`` (float64) for these sizes (one
@@ -1529,26 +1560,8 @@ def _replay(
                 kv_prices(h_kv_price, h_kv_evict, h_kv_loss, h_kv_evicted, h_kv_lam, b,
                           hist_f[at + model[b]] if b >= 0 else 0.0, cached, e_in, e_cache, ci,
                           post_m, model, kv_cap, used, kvp_of, mask)
-            # the candidates' totals, summed one by one: a loop over every deployment would
-            # read Ĉ, the future and the price back in vectors right after they were written
-            # one by one, and wait for the stores to land
-            lo = inf
-            for b in range(nd):
-                if mask[b]:
-                    v = value[b] + future[b]
-                    if h_slot:
-                        v = v + h_price[b]
-                    if priced:
-                        v = v + h_tprice[b]
-                    if h_kvp:
-                        v = v + h_kv_price[b]
-                    if v < lo:
-                        lo, a = v, b
-            if a == -1:
-                for b in range(nd):
-                    if mask[b]:
-                        a = b
-                        break
+            a = pick(value, future, h_price, h_tprice, h_kv_price, future, mask, h_slot, priced,
+                     h_kvp, False)
         elif a == -1 and code != 3:
             a = _rank(code, pricing, nd, ci, e_base, e_unc, block, de, hit_a, hit_miss,
                       n_hits, mask, value)

@@ -385,3 +385,23 @@ def test_the_kv_price_within_the_ttl_counts_only_what_no_expiry_took():
         HorizonRouter(kv_price=False, kv_loss="within_ttl")
     with pytest.raises(ValueError, match="kv_loss must be one of"):
         HorizonRouter(kv_price=True, kv_loss="evictions")
+
+
+def test_pick_is_the_least_total_over_the_candidates_first_on_ties():
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        n = int(rng.integers(1, 12))
+        # Ĉ, the future, the slot, TTFT and KV prices, a subclass's extra: few values, so ties
+        carbon, future, slot, ttft, kv, extra = rng.choice([0.0, 0.5, 1.0, 2.0], size=(6, n))
+        mask = rng.random(n) < 0.6
+        on = [bool(x) for x in rng.random(4) < 0.5]
+        total = carbon + future
+        for price, used in zip((slot, ttft, kv, extra), on, strict=True):
+            if used:
+                total = total + price
+        want = int(np.flatnonzero(mask)[np.argmin(total[mask])]) if mask.any() else -1
+        assert kernel.pick(carbon, future, slot, ttft, kv, extra, mask, *on) == want
+    # no total below +inf: the first candidate
+    inf = np.full(3, np.inf)
+    assert kernel.pick(inf, np.zeros(3), inf, inf, inf, inf, np.array([False, True, True]),
+                       False, False, False, False) == 1

@@ -431,3 +431,27 @@ def test_from_turns_takes_given_estimates_even_for_one_conversation():
     two["timestamp"] = np.where(two["turn"] == 0, "2022-01-04T00:00:00Z", None)
     t = prepared.from_turns(two.assign(think_s=np.where(two["turn"] == 0, np.nan, 5.0)))
     assert list(t["session"]) == [0, 1] and list(t["conversation_id"]) == ["conv0", "other"]
+
+
+def _splitmix_fold(conversation: int, folds: int, seed: int) -> int:
+    """SplitMix64 of (seed, id) modulo folds in Python integers (the hash's reference)."""
+    mask = (1 << 64) - 1
+    golden = 0x9E3779B97F4A7C15
+    x = (conversation + (seed & 0xFFFFFFFF) * golden + golden) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return (x ^ (x >> 31)) % folds
+
+
+@pytest.mark.parametrize("folds, seed", [(5, 0), (4, 7), (10, 2**40 + 3), (3, -1)])
+def test_conversation_folds_are_the_splitmix_hash(folds, seed):
+    # the compiled hash against Python's unbounded integers, over the whole int64 range
+    rng = np.random.default_rng(folds)
+    ids = np.concatenate([rng.integers(-(2**63), 2**63 - 1, 300, dtype=np.int64),
+                          np.array([-(2**63), -1, 0, 1, 2**63 - 1], np.int64), np.arange(200)])
+    expected = [_splitmix_fold(int(i), folds, seed) for i in ids]
+    np.testing.assert_array_equal(prepared.conversation_folds(ids, folds, seed), expected)
+    assert [prepared.conversation_fold(int(i), folds, seed) for i in ids] == expected
+    assert [prepared.conversation_fold(i, folds, seed) for i in ids[:20]] == expected[:20]
+    counts = np.bincount(prepared.conversation_folds(np.arange(5000), folds, seed))
+    assert len(counts) == folds and counts.min() > 0.8 * 5000 / folds

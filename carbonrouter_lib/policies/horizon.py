@@ -267,9 +267,9 @@ class HorizonModel:
                              f"{self.eligible.shape}")
 
     def fold_of(self, conversation: int) -> int:
-        from carbonrouter_lib.prepared import conversation_folds
+        from carbonrouter_lib.prepared import conversation_fold
 
-        return int(conversation_folds([conversation], self.folds, self.seed)[0])
+        return conversation_fold(conversation, self.folds, self.seed)
 
 
 def fit_horizon_model(table: pd.DataFrame, beta_q: float = DEFAULTS["beta_q"],
@@ -676,13 +676,19 @@ class HorizonRouter(Policy):
             noise=(self.forecast_noise, self.noise_seed),
             kv_pool=ctx.backend.kv_pool_of(),
             keep=np.full(len(ctx.backend.kv_capacities()), float(model.keep_prior.mean())),
+            gaps_s=model.gap_s, horizon=self.horizon,
         )
+        state.kv_cap = ctx.backend.kv_capacities()  # fixed for a run, like the pools
+        # per fold, the horizon model's rows the future term reads (views, bound once)
+        state.fold_rows = [(model.new_tokens[f], model.out_tokens[f], model.stay_feasible[f],
+                            model.fallback[f], model.eligible[f]) for f in range(model.folds)]
         state.e_in, state.e_cache, state.e_out = (np.asarray(x, np.float64)
                                                   for x in (d.e_in, d.e_cache, d.e_out))
         state.region, state.model = (np.asarray(x, np.int64) for x in (d.region, d.model))
         state.kv_pool = np.asarray(state.kv_pool, np.int64)
         state.other_models = ~np.eye(len(d.models), dtype=bool)
         state.future, state.miss = np.zeros(d.n), np.zeros(d.n)
+        state.post = np.zeros(len(d.models))  # H_0 per model, tokens
         state.pool = np.asarray(d.pool, np.int64)
         state.displaced = np.zeros(d.n_pools)  # m_p, gCO2e per first turn
         state.gap = np.zeros(d.n_pools)  # ḡ_p, gCO2e per displaced first turn
@@ -729,28 +735,28 @@ class HorizonRouter(Policy):
         k = min(ctx.turn, model.survival.shape[1] - 1)
         rho = st.stayed if self.continuation == "online" else self.continuation
         # (n_regions, J), and per turn the least intensity and its region
-        fc, fc_lo, fc_arg = st.forecast_with_minima(ctx.time_s, model.gap_s[f], self.horizon, f)
-        post = ctx.n_hist_m + ctx.n_new_m + ctx.n_out_est_m  # H_0 per model
+        fc, fc_lo, fc_arg = st.forecast_with_minima(ctx.time_s, f)
+        post = st.post
+        np.add(ctx.n_hist_m, ctx.n_new_m, out=post)
+        post += ctx.n_out_est_m  # H_0 per model
+        new_f, out_f, stay_f, fallback_f, eligible_f = st.fold_rows[f]
         if st.stay_j is not None:
             kernel.told_models(st.stay_j, st.exit_j, model.feasible_turns, st.turn_start,
-                               conversation, ctx.turn, model.stay_feasible[f])
+                               conversation, ctx.turn, stay_f)
         # stay_j None: the online router's compiled function, without the told branches
         kernel.horizon_future(
             st.future, st.miss, st.work, st.surv[sf, k, :self.horizon], float(rho), fc,
-            fc_lo, fc_arg, post, model.new_tokens[f], model.out_tokens[f],
-            model.stay_feasible[f], st.e_in, st.e_cache, st.e_out, st.region, st.model,
-            st.kv_pool, st.keep,
+            fc_lo, fc_arg, post, new_f, out_f, stay_f, st.e_in, st.e_cache, st.e_out,
+            st.region, st.model, st.kv_pool, st.keep,
             st.other_models.shape[0], self.cache_survival, self.model_stickiness,
-            model.fallback[f], model.eligible[f], st.phi, self.exit != "cheapest", self.option,
+            fallback_f, eligible_f, st.phi, self.exit != "cheapest", self.option,
             cand.mask, st.dom, st.stay_j, st.exit_j, *self._returns(ctx, st))
-        total = cand.carbon + st.future
         if self.slot_price:
-            total += self._slot_prices(ctx, cand, st, f, sf, k, float(rho))
-        if self.ttft_slo_s is not None and st.nu > 0.0:  # ν = 0: the price is 0 everywhere
-            # (argmin reads the candidates only, whose prices this writes)
+            self._slot_prices(ctx, cand, st, f, sf, k, float(rho))
+        priced = self.ttft_slo_s is not None and st.nu > 0.0  # ν = 0: the price is 0
+        if priced:  # (the choice reads the candidates only, whose prices this writes)
             kernel.ttft_prices(st.ttft_price, self.ttft_slo_s, st.nu, cand.carbon, cand.mask,
                                cand.ttft)
-            total += st.ttft_price
         if self.kv_price:
             b = ctx.prev if ctx.turn > 0 else -1
             if self.kv_loss == "within_ttl" and b >= 0 and (ctx.backend.last_completion(
@@ -759,13 +765,11 @@ class HorizonRouter(Policy):
             kernel.kv_prices(st.kv_price, st.kv_evict, st.kv_loss, st.kv_evicted, st.kv_lam, b,
                              float(ctx.n_hist_m[st.model[b]]) if b >= 0 else 0.0, ctx.cached,
                              st.e_in, st.e_cache, ctx.ci, post, st.model,
-                             ctx.backend.kv_capacities(), ctx.backend.pool_used_tokens(),
-                             st.kv_pool, cand.mask)
-            total += st.kv_price
+                             st.kv_cap, st.used, st.kv_pool, cand.mask)
         extra = self.extra_prices(ctx, cand, st)
-        if extra is not None:
-            total += extra
-        return cand.argmin(total)
+        return kernel.pick(cand.carbon, st.future, st.price, st.ttft_price, st.kv_price,
+                           st.future if extra is None else extra, cand.mask, self.slot_price,
+                           priced, self.kv_price, extra is not None)
 
     def extra_prices(self, ctx: QueryContext, cand: Candidates, st: _RunState
                      ) -> np.ndarray | None:
@@ -798,6 +802,8 @@ class HorizonRouter(Policy):
         if st is None or st.deployments is not ctx.deployments:
             st = self._bound = self._bind(ctx)
             st.deployments = ctx.deployments
+        if self.option or self.kv_price:  # KV tokens held per pool, read once per decision
+            st.used = ctx.backend.pool_used_tokens()
         b = ctx.prev
         if self.cache_survival and ctx.turn > 0 and b >= 0:
             hist_b = ctx.n_hist_m[st.model[b]]
@@ -810,8 +816,7 @@ class HorizonRouter(Policy):
             # without evicting another cache?
             r = st.ref
             need = ctx.n_hist_m[r] + ctx.n_new_m[r] + ctx.n_out_est_m[r]
-            kernel.observe_room(st.phi, ctx.backend.kv_capacities(),
-                                ctx.backend.pool_used_tokens(), float(need), self.smoothing)
+            kernel.observe_room(st.phi, st.kv_cap, st.used, float(need), self.smoothing)
         return st
 
     def _survival_row(self, conversation: int, f: int) -> int:
@@ -932,17 +937,22 @@ class _RunState:
     """Per-run state of a :class:`HorizonRouter`: the forecaster (cached per grid row), the
     per-pool cache-survival averages, the deployments' arrays, the conversations' folds."""
 
-    def __init__(self, forecaster, kv_pool: np.ndarray, keep: np.ndarray,
-                 noise: tuple[float, int] = (0.0, 0)) -> None:
+    def __init__(self, forecaster, kv_pool: np.ndarray, keep: np.ndarray, gaps_s: np.ndarray,
+                 horizon: int, noise: tuple[float, int] = (0.0, 0)) -> None:
         self.forecaster = forecaster
         self.noise = noise
+        self.horizon = int(horizon)
+        # every fold's leads, j·τ_f for j = 1 … J (grid steps), in one vector: a grid row's
+        # forecasts are made for every fold at once
+        self._leads = forecaster.leads((np.asarray(gaps_s, np.float64)[:, None]
+                                        * np.arange(1, self.horizon + 1)[None, :]).ravel())
         self.kv_pool = kv_pool
         self.keep = keep
         self.stayed = 1.0
         self.nu = 0.0  # the TTFT price's multiplier ν
         self.deployments = None
         self._folds: dict[int, int] = {}
-        self._fc: dict[tuple[int, float, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._fc: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
 
     def fold(self, conversation: int, model: HorizonModel) -> int:
         f = self._folds.get(conversation)
@@ -950,31 +960,36 @@ class _RunState:
             f = self._folds[conversation] = model.fold_of(conversation)
         return f
 
-    def forecast(self, t: float, gap_s: float, horizon: int, fold: int) -> np.ndarray:
-        """Forecast (n_regions, J) for the J future turns, j·gap_s ahead, made at t's row (with
-        the router's forecast error for ``fold``, if any)."""
-        return self.forecast_with_minima(t, gap_s, horizon, fold)[0]
+    def forecast(self, t: float, fold: int) -> np.ndarray:
+        """Forecast (n_regions, J) for fold ``fold``'s J future turns, j·τ_f ahead, made at t's
+        row (with the router's forecast error for the fold, if any)."""
+        return self.forecast_with_minima(t, fold)[0]
 
-    def forecast_with_minima(self, t: float, gap_s: float, horizon: int,
-                             fold: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def forecast_with_minima(self, t: float, fold: int
+                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`forecast` with, per future turn, its least intensity (gCO2e/kWh, (J,)) and
-        that region ((J,) int64; :func:`carbonrouter_lib.kernel.forecast_minima`), cached
-        together per grid row."""
+        that region ((J,) int64; :func:`carbonrouter_lib.kernel.forecast_minima`), made for every
+        fold on a grid row's first query and cached per row (one ``predict`` per row: a replay
+        meets a new row every few decisions)."""
         row = self.forecaster.row(t)
-        key = (row, gap_s, horizon, fold)
-        got = self._fc.get(key)
+        got = self._fc.get(row)
         if got is None:
             if len(self._fc) > 4096:
                 self._fc.clear()
-            leads = self.forecaster.leads(gap_s * np.arange(1, horizon + 1))
-            fc = self.forecaster.predict(row, leads)
+            n_j = self.horizon
+            every = self.forecaster.predict(row, self._leads)  # (n_regions, folds·J)
+            n_r, n_f = every.shape[0], every.shape[1] // n_j
             sigma, seed = self.noise
             if sigma > 0:
-                fc = fc * forecast_error(sigma, seed, row, fold, fc.shape)
-            lo, arg = np.empty(horizon), np.empty(horizon, np.int64)
-            kernel.forecast_minima(fc, lo, arg)
-            got = self._fc[key] = (fc, lo, arg)
-        return got
+                for f in range(n_f):
+                    every[:, f * n_j:(f + 1) * n_j] *= forecast_error(sigma, seed, row, f,
+                                                                     (n_r, n_j))
+            lo, arg = np.empty((n_f, n_j)), np.empty((n_f, n_j), np.int64)
+            kernel.forecast_minima(every, lo.reshape(-1), arg.reshape(-1))
+            fc = np.ascontiguousarray(every.reshape(n_r, n_f, n_j).transpose(1, 0, 2))
+            got = [(fc[f], lo[f], arg[f]) for f in range(n_f)]
+            self._fc[row] = got
+        return got[fold]
 
 
 def survival_table(model: HorizonModel, told: bool = False) -> np.ndarray:

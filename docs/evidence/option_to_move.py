@@ -66,7 +66,7 @@ class OptionToMove(HorizonRouter):
         f = st.fold(ctx.conversation, model)
         k = min(ctx.turn, model.survival.shape[1] - 1)
         rho, n_j = st.stayed, self.horizon
-        fc = st.forecast(ctx.time_s, model.gap_s[f], n_j, f)
+        fc = st.forecast(ctx.time_s, f)
         m = st.model
         post = (ctx.n_hist_m + ctx.n_new_m + ctx.n_out_est_m)[m]
         n_new, n_out = model.new_tokens[f][m], model.out_tokens[f][m]
