@@ -164,6 +164,31 @@ def test_the_survival_model_learns_only_from_other_conversations():
     assert not np.array_equal(other.survival[1, :20], model.survival[1, :20])
 
 
+def test_a_fit_for_some_models_is_the_catalog_fit_of_those_models():
+    # the live router serves some of the catalog's models: the fit's model axes are theirs
+    table, model, _, _ = _fitted_on_folds(120, 1, 4)
+
+    some = (MODELS[1], MODELS[4])
+    part = fit_horizon_model(table, horizon=4, folds=4, seed=7, models=some)
+    cols = [MODELS.index(m) for m in some]
+    for name in ("new_tokens", "out_tokens", "stay_feasible", "eligible"):
+        np.testing.assert_array_equal(getattr(part, name), getattr(model, name)[:, cols])
+    for name in ("survival", "gap_s", "keep_prior"):
+        np.testing.assert_array_equal(getattr(part, name), getattr(model, name))
+    # where a session goes when its model turns infeasible: a distribution over these models
+    assert part.fallback.shape == (4, 2, 2)
+    np.testing.assert_allclose(part.fallback.sum(axis=2), 1.0)
+    for bad in ((MODELS[4], MODELS[1]), ("GPT-9",), ()):
+        with pytest.raises(ValueError, match="catalog models"):
+            fit_horizon_model(table, horizon=4, models=bad)
+    # a model fitted for other models than the deployments' is refused at the first query
+    sim = setting.SimulationConfig(regions=("GB", "BE"))
+    router = HorizonRouter(horizon=4, slot_turns=None)  # the model's four turns
+    router.set_model(part)
+    with pytest.raises(ValueError, match="fitted for 2 models, the deployments have 5"):
+        simulator.simulate(table, router, sim, engine="python")
+
+
 def test_parameters_are_validated_and_recorded():
     p = make_policy("carbonrouter-horizon", horizon=4, forecast="persistence")
     assert p.params()["horizon"] == 4 and p.needs_model

@@ -117,3 +117,52 @@ def test_prefix_cache_blocks_lru_and_prefix_kept():
     assert c.lookup("m", a) == 16 and c.lookup("m", b + [0]) == 48
     c.insert("m", list(range(5000, 5160)))  # 10 blocks > memory: the 4 leading ones stay
     assert c.lookup("m", list(range(5000, 5160))) == 64 and c.evicted_blocks == 1 + 4
+
+
+def test_the_horizon_router_routes_live():
+    from carbonrouter_lib.policies.horizon import fit_horizon_model
+    from carbonrouter_lib.profiles import MODELS
+    from carbonrouter_lib.serve.carbon_providers import CachedSignal, CarbonProvider, Reading
+
+    cfg = load_config()  # the embedded default: three of the catalog's models, replayed carbon
+
+    def horizon(**params):
+        return cfg.model_copy(update={"router": cfg.router.model_copy(update={
+            "policy": "carbonrouter-horizon", "gate": "none", "params": params})})
+
+    now = 1_641_168_000.0
+    core = RouterCore(horizon(), clock=ManualClock(now))
+    models = core.deployments.models
+    assert len(models) == 3
+    # its model is fitted at start-up for the served models, on the training workload: each
+    # model's own quantities are the catalog fit's columns
+    model = core.policy.model
+    from carbonrouter_lib import prepared
+    table = prepared.prepare_workload(prepared.WorkloadConfig(**cfg.router.gate_workload))
+    full = fit_horizon_model(table, cfg.router.beta_q, cfg.router.ttl_s,
+                             core.policy.model_horizon)
+    cols = [MODELS.index(m) for m in models]
+    for name in ("new_tokens", "out_tokens", "stay_feasible"):
+        np.testing.assert_array_equal(getattr(model, name), getattr(full, name)[:, cols])
+    np.testing.assert_array_equal(model.survival, full.survival)
+    np.testing.assert_allclose(model.fallback.sum(axis=2), 1.0)  # over the served models
+    msgs = [{"role": "user", "content": "What is a KV cache?"}]
+    ci = core.signal.provider.signal.at(now)
+    turn = core.decide(core.query(msgs, "s1"), ci, now)
+    assert turn is not None and core.declared[turn.a]
+
+    class Flat(CarbonProvider):  # a live provider: current values, no history
+        name = "flat"
+
+        async def fetch(self, zone, t):
+            return Reading(zone, 300.0, "average", False, t, self.name)
+
+    live = CachedSignal(Flat(), cfg.zones)
+    with pytest.raises(ValueError, match="forecast='blend' needs the carbon signal's history"):
+        RouterCore(horizon(), signal=live, clock=ManualClock(now))
+    core = RouterCore(horizon(forecast="persistence"), signal=live, clock=ManualClock(now))
+    turn = core.decide(core.query(msgs, "s2"), np.full(len(cfg.zones), 300.0), now)
+    assert turn is not None and core.declared[turn.a]
+    for params in ({"session_length": "told"}, {"forecast": "clairvoyant"}):
+        with pytest.raises(ValueError, match="reads the future"):
+            RouterCore(horizon(**params), clock=ManualClock(now))

@@ -13,6 +13,7 @@ from openai import OpenAI
 
 from carbonrouter_lib import gate as gates
 from carbonrouter_lib import prepared, setting, simulator
+from carbonrouter_lib.build import build_policy
 from carbonrouter_lib.policies import make_policy
 from carbonrouter_lib.serve import replay
 from carbonrouter_lib.serve.clock import ManualClock
@@ -31,11 +32,13 @@ def workload():
     return table, replay.conversation_texts(table, 150)
 
 
-def _stepwise(table, texts, policy):
+def _stepwise(table, texts, policy, history=True):
     ports = free_ports(SIM.deployments().n + 1)
     cfg = replay.grid_config(SIM, table, ports[:-1], ports[-1], completion="modelled")
     clock = ManualClock(float(table["arrival_s"].min()))
     core = RouterCore(cfg, clock=clock, policy=policy)
+    if not history:  # as behind a live provider: the current intensities only
+        core.ctx.signal = None
     with EmulatorCluster(cfg, scale=math.inf), ServerThread([(create_app(core), ports[-1])]):
         client = OpenAI(base_url=f"http://127.0.0.1:{ports[-1]}/v1", api_key="x",
                         max_retries=0)
@@ -44,16 +47,25 @@ def _stepwise(table, texts, policy):
     return core, rows
 
 
-@pytest.mark.parametrize("name", ["carbonrouter", "session-affinity"])
+@pytest.mark.parametrize("name", ["carbonrouter", "session-affinity", "carbonrouter-horizon",
+                                  "carbonrouter-horizon, persistence without the signal"])
 def test_proxy_decisions_equal_the_simulators(workload, name):
     table, texts = workload
-    policies = [make_policy(name), make_policy(name)]
+    # the horizon router behind a live provider forecasts by holding the current intensities:
+    # the simulator's persistence forecast from the signal's row
+    history = not name.endswith("without the signal")
+    name, params = (name, {}) if history else ("carbonrouter-horizon",
+                                               {"forecast": "persistence"})
+    policies = [make_policy(name, **params), make_policy(name, **params)]
     if name == "carbonrouter":  # one learned gate for both: the same trained object routes
         g = gates.ensure_gate(None, SIM, table=table)
         for p in policies:
             p.set_gate(g)
+    if name == "carbonrouter-horizon":  # one horizon model for both, fitted on the workload
+        model = build_policy(policies[0], table, SIM).model
+        policies[1].set_model(model)
     sim = simulator.simulate(table, policies[0], SIM).records
-    core, rows = _stepwise(table, texts, policies[1])
+    core, rows = _stepwise(table, texts, policies[1], history)
     cmp = replay.compare_with_simulator(sim, core.decisions())
     assert len(cmp) == len(table) and (cmp["why"] != "missing").all()
     assert cmp["agree"].all(), cmp.loc[~cmp["agree"]].head().T

@@ -275,7 +275,8 @@ class HorizonModel:
 def fit_horizon_model(table: pd.DataFrame, beta_q: float = DEFAULTS["beta_q"],
                       ttl_s: float = DEFAULTS["ttl_s"],
                       horizon: int = 16, folds: int = 5, seed: int = 0,
-                      tell_turns: bool = False, tell_models: bool = False) -> HorizonModel:
+                      tell_turns: bool = False, tell_models: bool = False,
+                      models: tuple[str, ...] = MODELS) -> HorizonModel:
     """Fit the :class:`HorizonModel` on a prepared workload: for each conversation fold f, the
     session-length survival, the mean tokens of later turns, the models' next-turn feasibility,
     the mean gap between turns and the share of think times within ``ttl_s`` — all from the
@@ -284,19 +285,26 @@ def fit_horizon_model(table: pd.DataFrame, beta_q: float = DEFAULTS["beta_q"],
     (:attr:`HorizonModel.turns`, for the reference told the session length only);
     ``tell_models``: also every turn's quality-feasible models (:attr:`HorizonModel.
     feasible_turns`, with ``turns``, for the reference told the models of the future turns
-    only)."""
+    only). ``models``: the deployments' models (catalog names in the catalog's order, as
+    :class:`~carbonrouter_lib.deployments.Deployments` has them), the model axes of the fit's
+    arrays; a session whose model turns infeasible goes to the smallest of these feasible then
+    (the live router fits it for the models it serves)."""
     from carbonrouter_lib import prepared
 
     if horizon < 0 or folds < 2:
         raise ValueError(f"horizon must be ≥ 0 and folds ≥ 2, got {horizon}, {folds}")
+    unknown = [m for m in models if m not in MODELS]
+    if unknown or not models or list(models) != sorted(models, key=MODELS.index):
+        raise ValueError(f"fit_horizon_model: models must be catalog models {MODELS} in that "
+                         f"order (the workload has their tokens and quality), got {models}")
+    cols = [MODELS.index(m) for m in models]
     conv = prepared.conversation_codes(table)
     fold_row = prepared.conversation_folds(conv, folds, seed)
     turn = table["turn"].to_numpy()
     n_turns = table["n_turns"].to_numpy()
     think = table["think_s"].to_numpy(np.float64)
-    new = prepared.model_matrix(table, "new_tokens").astype(np.float64)
-    out = prepared.model_matrix(table, "output_tokens").astype(np.float64)
-    q = prepared.model_matrix(table, "quality").astype(np.float64)
+    new, out, q = (prepared.model_matrix(table, name)[:, cols].astype(np.float64)
+                   for name in ("new_tokens", "output_tokens", "quality"))
     feasible = cost.quality_feasible(q, beta_q)
     service = prepared._reference_service(table)
     # one row per conversation (its first session's rows), so copies do not weigh it more
@@ -305,7 +313,7 @@ def fit_horizon_model(table: pd.DataFrame, beta_q: float = DEFAULTS["beta_q"],
     first_session = pd.Series(sessions).groupby(conv).transform("min").to_numpy()
     first_copy[sessions == first_session] = True
     k_max = int(n_turns.max())
-    n_m = len(MODELS)
+    n_m = len(models)
     surv = np.zeros((folds, k_max + 1, horizon))
     new_mean = np.zeros((folds, n_m))
     out_mean = np.zeros((folds, n_m))
@@ -366,6 +374,14 @@ def fit_horizon_model(table: pd.DataFrame, beta_q: float = DEFAULTS["beta_q"],
                         meta={"n_conversations": int(len(np.unique(conv))), "ttl_s": ttl_s},
                         fallback=fallback, eligible=eligible, turns=turns_of,
                         feasible_turns=feasible_turns)
+
+
+def reference_model(models: tuple[str, ...]) -> int:
+    """The model whose tokens measure a query's context for the option to move (φ_p): the
+    reference deployment's, else the largest of ``models`` (the catalog runs from the smallest
+    to the largest). An index into ``models``."""
+    ref = REFERENCE_DEPLOYMENT[0]
+    return models.index(ref) if ref in models else len(models) - 1
 
 
 def turn_starts(turns: np.ndarray) -> np.ndarray:
@@ -663,16 +679,25 @@ class HorizonRouter(Policy):
         from carbonrouter_lib.forecast import make_forecaster
 
         d = ctx.deployments
-        if ctx.signal is None or ctx.backend is None:
-            raise ValueError("HorizonRouter needs ctx.signal and ctx.backend (run it in "
-                             "simulate() or the live router)")
+        if ctx.backend is None:
+            raise ValueError("HorizonRouter needs ctx.backend (run it in simulate() or the live "
+                             "router)")
+        if ctx.signal is None:  # the live router behind a live provider (which checked it)
+            self.check_live(history=False)
         model = self.model
         if isinstance(model, str):
             raise RuntimeError("HorizonRouter: the horizon model has not been fitted; "
                                "build.build_policy() fits it (experiments.run_policies and the "
                                "sweeps call it), or set_model(fit_horizon_model(...))")
+        if model.new_tokens.shape[1] != len(d.models):
+            raise ValueError(f"HorizonRouter: the horizon model was fitted for "
+                             f"{model.new_tokens.shape[1]} models, the deployments have "
+                             f"{len(d.models)} ({d.models}); fit_horizon_model(models=...)")
         state = _RunState(
-            forecaster=make_forecaster(self.forecast, ctx.signal),
+            # without a signal (a live provider's current values only): the current
+            # intensities, held (persistence; check_live)
+            forecaster=None if ctx.signal is None else make_forecaster(self.forecast,
+                                                                       ctx.signal),
             noise=(self.forecast_noise, self.noise_seed),
             kv_pool=ctx.backend.kv_pool_of(),
             keep=np.full(len(ctx.backend.kv_capacities()), float(model.keep_prior.mean())),
@@ -717,7 +742,7 @@ class HorizonRouter(Policy):
         # per KV pool: the chance a new cache there evicts another; 1 until seen otherwise, so
         # that a router with no evidence of room commits as the former router did
         state.phi = np.ones(len(state.keep))
-        state.ref = MODELS.index(REFERENCE_DEPLOYMENT[0])
+        state.ref = reference_model(d.models)
         state.dom = kernel.dominant_blocks(state.e_in, state.e_out, state.model, len(d.models),
                                            d.n // len(d.regions))
         return state
@@ -735,7 +760,7 @@ class HorizonRouter(Policy):
         k = min(ctx.turn, model.survival.shape[1] - 1)
         rho = st.stayed if self.continuation == "online" else self.continuation
         # (n_regions, J), and per turn the least intensity and its region
-        fc, fc_lo, fc_arg = st.forecast_with_minima(ctx.time_s, f)
+        fc, fc_lo, fc_arg = st.forecast_with_minima(ctx.time_s, f, ctx.ci_region)
         post = st.post
         np.add(ctx.n_hist_m, ctx.n_new_m, out=post)
         post += ctx.n_out_est_m  # H_0 per model
@@ -794,6 +819,25 @@ class HorizonRouter(Policy):
                                 self.smoothing)
         kernel.return_targets(st.ret_dep, st.ret_len, ctx.cached, st.model)
         return st.ret_dep, st.ret_len, st.keep_left
+
+    def check_live(self, history: bool) -> None:
+        """Raise ValueError (naming the parameter) where this router cannot route requests as
+        they come: a reference told the future (``session_length``, ``future_models`` or the
+        clairvoyant forecast); without the carbon signal's ``history`` (a live provider gives
+        the current intensities only), any forecast but ``persistence``, or forecast noise."""
+        told = {k: v for k, v in (("session_length", self.session_length),
+                                  ("future_models", self.future_models),
+                                  ("forecast", self.forecast)) if v in ("told", "clairvoyant")}
+        if told:
+            raise ValueError(f"HorizonRouter: {told} reads the future; a reference cannot route "
+                             f"live")
+        if not history and (self.forecast != "persistence" or self.forecast_noise > 0):
+            raise ValueError(
+                f"HorizonRouter: forecast={self.forecast!r}"
+                f"{f' with forecast_noise={self.forecast_noise}' if self.forecast_noise else ''}"
+                f" needs the carbon signal's history, and the carbon provider gives the current "
+                f"intensities only: use forecast='persistence' (params: {{forecast: "
+                f"persistence}}) or the replay provider")
 
     def _observe(self, ctx: QueryContext) -> _RunState:
         """The run's state (bound on its first query), after this query's observation of the
@@ -893,7 +937,7 @@ class HorizonRouter(Policy):
             h_use_fallback=self.exit != "cheapest", h_option=self.option,
             h_return=self.exit == "return", h_kvp=self.kv_price,
             h_kv_ttl=self.kv_loss == "within_ttl",
-            h_ref=MODELS.index(REFERENCE_DEPLOYMENT[0]),
+            h_ref=reference_model(MODELS),  # a replay deploys every catalog model
             h_tg_slo=0.0 if self.ttft_slo_s is None else self.ttft_slo_s,
             h_tg_share=self.ttft_share, h_tg_step=self.ttft_step,
             **(dict(h_told_m=True, h_tfeas=model.feasible_turns, h_tstart=turn_starts(model.turns),
@@ -944,8 +988,9 @@ class _RunState:
         self.horizon = int(horizon)
         # every fold's leads, j·τ_f for j = 1 … J (grid steps), in one vector: a grid row's
         # forecasts are made for every fold at once
-        self._leads = forecaster.leads((np.asarray(gaps_s, np.float64)[:, None]
-                                        * np.arange(1, self.horizon + 1)[None, :]).ravel())
+        lead_s = (np.asarray(gaps_s, np.float64)[:, None]
+                  * np.arange(1, self.horizon + 1)[None, :]).ravel()
+        self._leads = lead_s if forecaster is None else forecaster.leads(lead_s)
         self.kv_pool = kv_pool
         self.keep = keep
         self.stayed = 1.0
@@ -960,24 +1005,28 @@ class _RunState:
             f = self._folds[conversation] = model.fold_of(conversation)
         return f
 
-    def forecast(self, t: float, fold: int) -> np.ndarray:
+    def forecast(self, t: float, fold: int, ci: np.ndarray | None = None) -> np.ndarray:
         """Forecast (n_regions, J) for fold ``fold``'s J future turns, j·τ_f ahead, made at t's
-        row (with the router's forecast error for the fold, if any)."""
-        return self.forecast_with_minima(t, fold)[0]
+        row (with the router's forecast error for the fold, if any); without a forecaster (a
+        live provider), the current intensities ``ci`` (n_regions,) held."""
+        return self.forecast_with_minima(t, fold, ci)[0]
 
-    def forecast_with_minima(self, t: float, fold: int
+    def forecast_with_minima(self, t: float, fold: int, ci: np.ndarray | None = None
                              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`forecast` with, per future turn, its least intensity (gCO2e/kWh, (J,)) and
         that region ((J,) int64; :func:`carbonrouter_lib.kernel.forecast_minima`), made for every
         fold on a grid row's first query and cached per row (one ``predict`` per row: a replay
-        meets a new row every few decisions)."""
-        row = self.forecaster.row(t)
-        got = self._fc.get(row)
+        meets a new row every few decisions); without a forecaster, per value of ``ci``."""
+        row = -1 if self.forecaster is None else self.forecaster.row(t)
+        key = ci.tobytes() if row < 0 else row
+        got = self._fc.get(key)
         if got is None:
             if len(self._fc) > 4096:
                 self._fc.clear()
             n_j = self.horizon
-            every = self.forecaster.predict(row, self._leads)  # (n_regions, folds·J)
+            # (n_regions, folds·J)
+            every = (np.repeat(np.asarray(ci, np.float64)[:, None], len(self._leads), axis=1)
+                     if row < 0 else self.forecaster.predict(row, self._leads))
             n_r, n_f = every.shape[0], every.shape[1] // n_j
             sigma, seed = self.noise
             if sigma > 0:
@@ -988,7 +1037,7 @@ class _RunState:
             kernel.forecast_minima(every, lo.reshape(-1), arg.reshape(-1))
             fc = np.ascontiguousarray(every.reshape(n_r, n_f, n_j).transpose(1, 0, 2))
             got = [(fc[f], lo[f], arg[f]) for f in range(n_f)]
-            self._fc[row] = got
+            self._fc[key] = got
         return got[fold]
 
 

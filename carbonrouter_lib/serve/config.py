@@ -206,7 +206,10 @@ class RouterSpec(_Strict):
         ``learned``: :func:`carbonrouter_lib.gate.ensure_gate` for ``gate_workload`` on the
         configured zones (trained once, then cached).
     gate_workload
-        :class:`carbonrouter_lib.prepared.WorkloadConfig` fields of the gate's training replay.
+        :class:`carbonrouter_lib.prepared.WorkloadConfig` fields of the training replay: the
+        learned gate's, and the sessions the horizon router (``carbonrouter-horizon``) learns
+        its model from (how sessions continue, their later turns' tokens and models, think
+        times), fitted for the served models at start-up.
     beta_q, d_ttft_s
         β_Q and D_TTFT of Eq. 7.
     ttl_s

@@ -32,6 +32,13 @@ reproduces the simulator's decisions.
 Sessions leave when a request says it is the last turn (extension field ``last_turn``), else
 after ``session_idle_s`` without a request.
 
+The horizon router (``carbonrouter-horizon``, the project's default router) learns its model at
+start-up from ``gate_workload``'s sessions, for the served models
+(:func:`~carbonrouter_lib.policies.horizon.fit_horizon_model`'s ``models``). Its forecast reads
+the carbon signal's history, which only the replay provider has; behind a live provider (current
+intensities only) it must forecast by persistence (``params: {forecast: persistence}``), and its
+references told the future cannot route: both are refused at start-up, naming the parameter.
+
 Units: tokens, kWh, gCO2e, gCO2e/kWh, seconds (virtual, on the router's clock).
 """
 
@@ -56,6 +63,7 @@ from carbonrouter_lib.backend import Backend
 from carbonrouter_lib.policies import (
     Candidates,
     CarbonRouter,
+    HorizonRouter,
     Policy,
     QueryContext,
     feasibility,
@@ -219,6 +227,8 @@ class RouterCore:
         self.signal = signal
         self.clock = clock or build_clock(config)
         self.constraints = rc.constraints()
+        if isinstance(policy, HorizonRouter):
+            self._check_horizon(policy)
         self.policy = policy if policy is not None else self._make_policy()
         self.backend = Backend(d, config.backend_config())
         self.ctx, self.cand = QueryContext(d), Candidates(d.n)
@@ -252,7 +262,27 @@ class RouterCore:
                 raise ValueError(f"policy {rc.policy!r}: the {policy.gate_to_build} gate needs "
                                  f"the future of a replayed workload; it cannot route live")
             policy.set_gate(self._learned_gate(policy) if rc.gate == "learned" else None)
+        if isinstance(policy, HorizonRouter):
+            self._check_horizon(policy)
+            if policy.needs_model:
+                policy.set_model(self._horizon_model(policy))
         return policy
+
+    def _check_horizon(self, policy: HorizonRouter) -> None:
+        # a live provider gives the current intensities only: the forecast must be persistence
+        # (raises naming the parameter, before the first request)
+        policy.check_live(isinstance(self.signal.provider, ReplayProvider))
+
+    def _horizon_model(self, policy: HorizonRouter):
+        """The horizon router's model (session continuation, the later turns' tokens and
+        models, think times) for the served models, fitted on ``gate_workload``'s sessions."""
+        from carbonrouter_lib import prepared
+        from carbonrouter_lib.policies.horizon import fit_horizon_model
+
+        rc = self.config.router
+        table = prepared.prepare_workload(prepared.WorkloadConfig(**rc.gate_workload))
+        return fit_horizon_model(table, rc.beta_q, rc.ttl_s, policy.model_horizon,
+                                 models=self.deployments.models)
 
     def _learned_gate(self, policy: CarbonRouter):
         """The learned gate of the configured zones, trained on ``gate_workload`` (cached)."""
