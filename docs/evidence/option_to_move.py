@@ -96,7 +96,7 @@ class OptionToMove(HorizonRouter):
         rho_w = rho if self.form == "option, roomy pools" else 1.0
         future = cost @ (model.survival[f, k, :n_j] * rho_w ** np.arange(n_j))
         return cand.argmin(cand.carbon + future
-                           + self._slot_prices(ctx, cand, st, f, k, float(rho)))
+                           + self._slot_prices(ctx, cand, st, f, f, k, float(rho)))
 
 
 def one(job: tuple[dict, str]) -> dict:
