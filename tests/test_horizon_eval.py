@@ -3262,8 +3262,10 @@ def _slot16_parts_said() -> str:
             f"{row('w/o horizon pricing (J = 0)')}; without the slot price "
             f"{row('w/o slot price')}; without the cache-survival term "
             f"{row('w/o cache survival')}; without model stickiness "
-            f"{row('w/o model stickiness')}. A forecast error of σ = 0.1 / 0.3 / 0.6 costs it "
-            f"{mine}% at the tuned setting (the pair with J = 16 {theirs}%). It emits less than "
+            f"{row('w/o model stickiness')}; without the forecast (persistence: the current "
+            f"intensities held) {row('w/o forecast (persistence)')}. A forecast error of σ = 0.1 "
+            f"/ 0.3 / 0.6 costs it {mine}% at the tuned setting (the pair with J = 16 "
+            f"{theirs}%). It emits less than "
             f"the oracle gate in {below} of the 4, every CI above 0 there.")
 
 
