@@ -997,7 +997,8 @@ class _RunState:
         self.nu = 0.0  # the TTFT price's multiplier ν
         self.deployments = None
         self._folds: dict[int, int] = {}
-        self._fc: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        # per grid row (a live provider: per value of the current intensities)
+        self._fc: dict[int | bytes, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
 
     def fold(self, conversation: int, model: HorizonModel) -> int:
         f = self._folds.get(conversation)
