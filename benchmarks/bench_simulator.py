@@ -6,7 +6,8 @@ Measures, on ONE pinned core with BLAS/OpenMP threads fixed to 1 (set before num
     availability and free slots), feasibility and the policy's choice — timed per decision
     inside a full replay (``simulate(..., time_decisions=True)``) over the real contexts of every
     query, in the Python loop (``time.perf_counter_ns``) and, for the built-in policies, in the
-    compiled loop (the time-stamp counter); p50 / p99 / mean in µs, over all 60 deployments;
+    compiled loop (the time-stamp counter); p50 / p99 / mean in µs, over all 60 deployments,
+    and p50 / p99 apart at the decisions on a new row of the carbon signal and at the others;
 (b) end-to-end replay throughput per policy on the full ShareGPT workload: one ``simulate`` call
     (capacity from the trace, precomputation, replay, records), the workload table and the
     carbon signal loaded beforehand; queries/s and wall time, median (and best) of ``--repeats``;
@@ -124,10 +125,19 @@ def decision_latency(table: pd.DataFrame, signal: CarbonSignal,
                     continue  # a policy only the Python loop replays
                 raise
             us = res.decision_ns / 1e3
-            for stat, value in (("p50", np.percentile(us, 50)), ("p99", np.percentile(us, 99)),
-                                ("mean", us.mean()), ("max", us.max())):
-                rows.append(_row("decision_latency", name, table, 4, stat, value, "us",
-                                 engine=engine))
+            # decisions at a new row of the carbon signal (5-minute steps; the records are in
+            # dispatch order) against the rest: what is computed once per row shows there
+            row = np.array([signal.row_index(t) for t in res.records["dispatch_s"].tolist()])
+            new_row = np.r_[True, row[1:] != row[:-1]]
+            stats = [("p50", np.percentile(us, 50)), ("p99", np.percentile(us, 99)),
+                     ("mean", us.mean()), ("max", us.max()),
+                     ("share_new_row", new_row.mean())]
+            for part, sel in (("new_row", new_row), ("other", ~new_row)):
+                stats += [(f"p50_{part}", np.percentile(us[sel], 50)),
+                          (f"p99_{part}", np.percentile(us[sel], 99))]
+            for stat, value in stats:
+                rows.append(_row("decision_latency", name, table, 4, stat, value,
+                                 "share" if stat == "share_new_row" else "us", engine=engine))
     return rows
 
 
@@ -251,6 +261,9 @@ def _print(result: pd.DataFrame) -> None:
         print("\n(a) decision latency per query, µs (60 deployments, full ShareGPT)")
         print(lat.pivot(index=["policy", "engine"], columns="statistic", values="value")
               [["p50", "p99", "mean", "max"]])
+        print("\n    at a new row of the carbon signal (share of decisions) and at the others, µs")
+        print(lat.pivot(index=["policy", "engine"], columns="statistic", values="value")
+              [["share_new_row", "p50_new_row", "p99_new_row", "p50_other", "p99_other"]])
         rate = result[result.statistic.isin(["median_rate", "best_rate", "median_wall"])]
         if rate.empty:  # --decisions-only
             return

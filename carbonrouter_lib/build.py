@@ -13,8 +13,8 @@ Two policies learn from the workload they route, and this module is the one plac
   with the oracle gate (``carbonrouter-oracle-gate``): the workload's
   :class:`~carbonrouter_lib.gate.OracleGate`;
 - the horizon router (``carbonrouter-horizon``): its session-continuation and cache-survival
-  model, fitted on the workload's conversations (:func:`carbonrouter_lib.policies.
-  fit_horizon_model`; a fraction of a second).
+  model, fitted on the workload's conversations (:meth:`carbonrouter_lib.policies.
+  HorizonRouter.fit_model`; a fraction of a second).
 
 Every other policy is returned as it is.
 """
@@ -32,7 +32,6 @@ from carbonrouter_lib.policies import (
     CarbonRouter,
     HorizonRouter,
     Policy,
-    fit_horizon_model,
     make_policy,
 )
 from carbonrouter_lib.prepared import WorkloadConfig
@@ -83,7 +82,5 @@ def build_policy(
                                               policy.gate_training, table=table, signal=signal,
                                               backend=backend, cache_dir=gate_dir))
     if isinstance(policy, HorizonRouter) and policy.needs_model:
-        policy.set_model(fit_horizon_model(table, config.beta_q, config.ttl_s, policy.model_horizon,
-                                           tell_turns=policy.session_length == "told",
-                                           tell_models=policy.future_models == "told"))
+        policy.set_model(policy.fit_model(table, config.beta_q, config.ttl_s))
     return policy

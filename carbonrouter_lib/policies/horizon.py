@@ -629,6 +629,16 @@ class HorizonRouter(Policy):
     def unready(self) -> str | None:
         return "its horizon model is not fitted" if self.needs_model else None
 
+    def fit_model(self, table: pd.DataFrame, beta_q: float, ttl_s: float,
+                  models: tuple[str, ...] = MODELS) -> HorizonModel:
+        """:func:`fit_horizon_model` on ``table`` as this router reads it: over its
+        :attr:`model_horizon`, with what a reference told the session length or the future
+        turns' models is told, for the deployments' ``models``; β_Q and the TTL ``ttl_s`` (s)
+        of the setting."""
+        return fit_horizon_model(table, beta_q, ttl_s, self.model_horizon,
+                                 tell_turns=self.session_length == "told",
+                                 tell_models=self.future_models == "told", models=models)
+
     def set_model(self, model: HorizonModel) -> None:
         """Set the fitted :class:`HorizonModel`."""
         if model.horizon < self.model_horizon:
@@ -693,6 +703,7 @@ class HorizonRouter(Policy):
             raise ValueError(f"HorizonRouter: the horizon model was fitted for "
                              f"{model.new_tokens.shape[1]} models, the deployments have "
                              f"{len(d.models)} ({d.models}); fit_horizon_model(models=...)")
+        kv_cap = ctx.backend.kv_capacities()  # fixed for a run, like the pools
         state = _RunState(
             # without a signal (a live provider's current values only): the current
             # intensities, held (persistence; check_live)
@@ -700,10 +711,10 @@ class HorizonRouter(Policy):
                                                                        ctx.signal),
             noise=(self.forecast_noise, self.noise_seed),
             kv_pool=ctx.backend.kv_pool_of(),
-            keep=np.full(len(ctx.backend.kv_capacities()), float(model.keep_prior.mean())),
+            keep=np.full(len(kv_cap), float(model.keep_prior.mean())),
             gaps_s=model.gap_s, horizon=self.horizon,
         )
-        state.kv_cap = ctx.backend.kv_capacities()  # fixed for a run, like the pools
+        state.kv_cap = kv_cap
         # per fold, the horizon model's rows the future term reads (views, bound once)
         state.fold_rows = [(model.new_tokens[f], model.out_tokens[f], model.stay_feasible[f],
                             model.fallback[f], model.eligible[f]) for f in range(model.folds)]

@@ -264,25 +264,18 @@ class RouterCore:
             policy.set_gate(self._learned_gate(policy) if rc.gate == "learned" else None)
         if isinstance(policy, HorizonRouter):
             self._check_horizon(policy)
-            if policy.needs_model:
-                policy.set_model(self._horizon_model(policy))
+            if policy.needs_model:  # for the served models, on gate_workload's sessions
+                from carbonrouter_lib import prepared
+
+                table = prepared.prepare_workload(prepared.WorkloadConfig(**rc.gate_workload))
+                policy.set_model(policy.fit_model(table, rc.beta_q, rc.ttl_s,
+                                                  self.deployments.models))
         return policy
 
     def _check_horizon(self, policy: HorizonRouter) -> None:
         # a live provider gives the current intensities only: the forecast must be persistence
         # (raises naming the parameter, before the first request)
         policy.check_live(isinstance(self.signal.provider, ReplayProvider))
-
-    def _horizon_model(self, policy: HorizonRouter):
-        """The horizon router's model (session continuation, the later turns' tokens and
-        models, think times) for the served models, fitted on ``gate_workload``'s sessions."""
-        from carbonrouter_lib import prepared
-        from carbonrouter_lib.policies.horizon import fit_horizon_model
-
-        rc = self.config.router
-        table = prepared.prepare_workload(prepared.WorkloadConfig(**rc.gate_workload))
-        return fit_horizon_model(table, rc.beta_q, rc.ttl_s, policy.model_horizon,
-                                 models=self.deployments.models)
 
     def _learned_gate(self, policy: CarbonRouter):
         """The learned gate of the configured zones, trained on ``gate_workload`` (cached)."""
