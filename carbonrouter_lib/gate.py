@@ -519,18 +519,15 @@ class LearnedGate:
         self.report = report
         self.meta = dict(meta)
         self.name = f"xgboost-gate:{self.meta.get('key', 'unsaved')}"
-        self._fold: dict[int, int] = {}
         self._x = np.empty((1, _N_F))
         self._forests: list[_Forest | None] = [None] * len(self.boosters)  # built on first use
 
     def fold_of(self, conversation: int) -> int:
         """The fold of a conversation (:attr:`QueryContext.conversation`; the session id when
         each session is its own conversation): the model that routes it never saw it."""
-        f = self._fold.get(conversation)
-        if f is None:
-            f = self._fold[conversation] = conversation_fold(
-                conversation, self.training.folds, self.training.seed)
-        return f
+        # not cached per conversation: the compiled hash takes about as long as a dict lookup,
+        # and a live router meets new conversations without end
+        return conversation_fold(conversation, self.training.folds, self.training.seed)
 
     def advantage(self, ctx: QueryContext, cand: Candidates, g: int, b: int) -> float:
         """Â: predicted gCO2e saved by staying on b (model of the conversation's fold)."""

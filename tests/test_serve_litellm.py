@@ -50,8 +50,8 @@ def test_litellm_router_routes_with_the_carbonrouter_decision():
     cfg = config_from_router(model_list, SETTINGS)
     provider = StaticProvider({"GB": 100.0, "BE": 300.0})
     router = litellm.Router(model_list=model_list, num_retries=0)
-    strategy = attach(router, SETTINGS, signal=CachedSignal(provider, cfg.zones),
-                      clock=ManualClock(T0))
+    clock = ManualClock(T0)
+    strategy = attach(router, SETTINGS, signal=CachedSignal(provider, cfg.zones), clock=clock)
     core = strategy.core
 
     async def turn(key, msgs):
@@ -73,6 +73,11 @@ def test_litellm_router_routes_with_the_carbonrouter_decision():
         with pytest.raises(litellm.InternalServerError):
             await turn("err", [{"role": "user", "content": "hello"}])
         after = await turn("err", [{"role": "user", "content": "hello"}])
+        # "short" idles past session_idle_s and leaves; resumed, it is a new incarnation whose
+        # turns the callbacks still find (two turns: the first one's was reported and freed)
+        clock.set(clock.now() + cfg.router.session_idle_s + 1.0)
+        await turn("short", short)
+        await turn("short", short)
         return first, second, after
 
     with EmulatorCluster(cfg, scale=math.inf) as cluster:
@@ -84,3 +89,9 @@ def test_litellm_router_routes_with_the_carbonrouter_decision():
     recs = [d for d in core.decisions() if d["session_key"] == "long"]
     assert len(recs) == 2 and 0 <= recs[1]["cached"] - recs[1]["engine_cached"] < 16
     assert recs[1]["engine_cached"] > 5000
+    from carbonrouter_lib.serve.core import REVIVED_BASE
+
+    resumed = [d for d in core.decisions() if d["session_key"] == "short"][2:]
+    assert [d["session"] for d in resumed] == [REVIVED_BASE] * 2
+    assert [d["turn"] for d in resumed] == [2, 3]
+    assert all(d["output_tokens"] > 0 for d in resumed)  # finished by the success callback

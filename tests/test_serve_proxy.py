@@ -213,6 +213,36 @@ def test_rejected_without_a_free_slot_then_served_after_a_last_turn():
         assert "carbonrouter_rejected_total 1.0" in httpx.get(s.url + "/metrics").text
 
 
+def test_a_session_that_left_comes_back_as_a_new_incarnation():
+    # After its last turn, or session_idle_s without a request, a session leaves; a request with
+    # its key afterwards (a user resuming the conversation) is served under an id of its own
+    # (the backend refuses a departed session: before, every later request of the key was a 500)
+    from carbonrouter_lib.serve.core import REVIVED_BASE
+
+    with Stack() as s:
+        chat = [{"role": "user", "content": "one"}]
+        s.ask("a", chat)
+        first = s.core.decisions()[-1]["session"]
+        chat += [{"role": "assistant", "content": "x"}, {"role": "user", "content": "bye"}]
+        s.ask("a", chat, extra_body={"carbonrouter": {"last_turn": True}})
+        assert s.core.backend.has_departed(first)
+        chat += [{"role": "assistant", "content": "x"}, {"role": "user", "content": "again"}]
+        h, _ = s.ask("a", chat)
+        rec = s.core.decisions()[-1]
+        assert rec["session"] == REVIVED_BASE and rec["session_key"] == "a" and rec["turn"] == 2
+        assert rec["cached"] == 0  # the new incarnation has no cache of the earlier one
+        # idle for longer than session_idle_s: it leaves, and comes back as a third incarnation
+        s.clock.set(s.clock.now() + s.cfg.router.session_idle_s + 1.0)
+        chat += [{"role": "assistant", "content": "x"}, {"role": "user", "content": "later"}]
+        s.ask("a", chat)
+        assert s.core.decisions()[-1]["session"] == REVIVED_BASE + 1
+        assert s.core.backend.has_departed(REVIVED_BASE)
+        # a revived incarnation that leaves is forgotten: the map holds live sessions only
+        chat += [{"role": "assistant", "content": "x"}, {"role": "user", "content": "bye"}]
+        s.ask("a", chat, extra_body={"carbonrouter": {"last_turn": True}})
+        assert s.core._revived == {} and REVIVED_BASE + 1 not in s.core._sessions
+
+
 def test_endpoints_bad_requests_and_no_text_in_logs(stack, caplog):
     caplog.set_level(logging.DEBUG)
     models = stack.client.models.list()

@@ -990,7 +990,7 @@ class HorizonRouter(Policy):
 
 class _RunState:
     """Per-run state of a :class:`HorizonRouter`: the forecaster (cached per grid row), the
-    per-pool cache-survival averages, the deployments' arrays, the conversations' folds."""
+    per-pool cache-survival averages, the deployments' arrays."""
 
     def __init__(self, forecaster, kv_pool: np.ndarray, keep: np.ndarray, gaps_s: np.ndarray,
                  horizon: int, noise: tuple[float, int] = (0.0, 0)) -> None:
@@ -1007,15 +1007,16 @@ class _RunState:
         self.stayed = 1.0
         self.nu = 0.0  # the TTFT price's multiplier ν
         self.deployments = None
-        self._folds: dict[int, int] = {}
+        from carbonrouter_lib.prepared import conversation_fold
+
+        self._fold_of = conversation_fold
         # per grid row (a live provider: per value of the current intensities)
         self._fc: dict[int | bytes, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
 
     def fold(self, conversation: int, model: HorizonModel) -> int:
-        f = self._folds.get(conversation)
-        if f is None:
-            f = self._folds[conversation] = model.fold_of(conversation)
-        return f
+        # HorizonModel.fold_of's hash, bound once (an import per call costs more than the hash);
+        # not cached per conversation: a live router meets new conversations without end
+        return self._fold_of(conversation, model.folds, model.seed)
 
     def forecast(self, t: float, fold: int, ci: np.ndarray | None = None) -> np.ndarray:
         """Forecast (n_regions, J) for fold ``fold``'s J future turns, j·τ_f ahead, made at t's

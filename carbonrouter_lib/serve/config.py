@@ -221,7 +221,8 @@ class RouterSpec(_Strict):
     session_header
         Header naming the session; without it, a hash of the conversation's first messages.
     session_idle_s
-        A session that sent nothing for this long (virtual s) leaves: its slot is released.
+        A session that sent nothing for this long (virtual s) leaves: its slot is released. If
+        it comes back, it is routed as a new incarnation, without a cache (``serve.core``).
     completion
         ``observed``: a turn completes when its response ends (the clock's time then);
         ``modelled``: at d + TTFT(a) + N_out / v_dec, as the simulator (for replays on a

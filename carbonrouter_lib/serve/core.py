@@ -30,7 +30,11 @@ before dispatches at equal times, ``docs/model.md`` §6a.9) — with a
 reproduces the simulator's decisions.
 
 Sessions leave when a request says it is the last turn (extension field ``last_turn``), else
-after ``session_idle_s`` without a request.
+after ``session_idle_s`` without a request. A session that comes back after it left (a user
+resuming a conversation, the same session key) is routed as a new incarnation with an id of its
+own (from :data:`REVIVED_BASE` up; the decision log's ``session``): it starts without a cache in
+the router's backend, where the earlier incarnation's caches stay as a departed session's (evicted
+first, expiring at the TTL; both 1,800 s by default).
 
 The horizon router (``carbonrouter-horizon``, the project's default router) learns its model at
 start-up from ``gate_workload``'s sessions, for the served models
@@ -84,6 +88,10 @@ __all__ = ["EXTENSION", "Query", "Turn", "RouterCore", "session_id", "message_te
 EXTENSION = "carbonrouter"
 
 _DECIMAL = re.compile(r"^[0-9]{1,18}$")
+
+#: The first id of a session that came back after it left (above every id
+#: :func:`session_id` gives: decimal keys < 10^18, hashed ones < 2^62; int64).
+REVIVED_BASE = 2**62
 
 
 def message_text(message: Mapping[str, Any]) -> str:
@@ -170,6 +178,7 @@ class Turn:
 
 @dataclass
 class _Session:
+    key: str | None = None  # the session key of an incarnation that came back
     prev: int = -1
     started: bool = False
     running: Turn | None = None
@@ -241,6 +250,10 @@ class RouterCore:
         self._cool_until = np.zeros(d.n)
         self._failures_seen: dict[str, int] = {}
         self._sessions: dict[int, _Session] = {}
+        # session key -> id of its current incarnation, for sessions that came back after they
+        # left (popped when that incarnation leaves: bounded by the live sessions)
+        self._revived: dict[str, int] = {}
+        self._next_revived = REVIVED_BASE
         self._events: list[tuple] = []  # (time, seq, kind, session, arg)
         self._seq = 0
         self.log: collections.deque[dict] = collections.deque(maxlen=log_size)
@@ -322,6 +335,7 @@ class RouterCore:
         if not ((quality >= 0) & (quality <= 1)).all() or not (est >= 0).all():
             raise ValueError(f"{EXTENSION}: quality must be in [0, 1] and est_output_tokens ≥ 0")
         s, key = session_id(session_key, messages)
+        s = self._revived.get(key, s)
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         return Query(s, key, turn, bool(ext.get("last_turn", False)), new, hist, est, quality)
 
@@ -389,10 +403,37 @@ class RouterCore:
 
     def _depart(self, s: int, t: float) -> None:
         st = self._sessions.pop(s, None)
+        if st is not None and st.key is not None and self._revived.get(st.key) == s:
+            del self._revived[st.key]
         if st is None or self.backend.has_departed(s):
             return
         self.backend.depart(s, t)
         self.policy.on_session_end(s)
+
+    def _incarnation(self, q: Query) -> int:
+        """The id ``q`` routes under: its session's current incarnation; a new one where the
+        session has left (after ``session_idle_s`` or its last turn) and came back."""
+        s = self._revived.get(q.key, q.session)
+        if not self.backend.has_departed(s):
+            return s
+        # the departed id's state holds only the lock the caller took for this request (the
+        # proxy, the LiteLLM strategy): the new incarnation keeps it, so that the session's
+        # next request waits for this one
+        held = self._sessions.pop(s, None)
+        s = self._revived[q.key] = self._next_revived
+        self._next_revived += 1
+        st = self.session(s)
+        st.key = q.key
+        if held is not None:
+            st.lock = held.lock
+        return s
+
+    def session_of(self, session_key: str | None, messages: Sequence[Mapping[str, Any]]
+                   ) -> int:
+        """The id the session of ``session_key`` / ``messages`` routes under now
+        (:func:`session_id`, or its current incarnation where it came back after it left)."""
+        s, key = session_id(session_key, messages)
+        return self._revived.get(key, s)
 
     def _settle(self, s: int, now: float) -> None:
         """A new request of ``s`` while its previous turn's modelled completion is still queued
@@ -432,8 +473,8 @@ class RouterCore:
         ``exclude``: deployments already tried for this request (they failed).
         """
         t0 = time.perf_counter()
-        s = q.session
         self.advance(now)
+        s = q.session = self._incarnation(q)
         self._settle(s, now)
         st = self.session(s)
         if st.running is not None:

@@ -35,7 +35,7 @@ from litellm.integrations.custom_logger import CustomLogger  # noqa: E402
 from litellm.types.router import CustomRoutingStrategyBase  # noqa: E402
 
 from carbonrouter_lib.serve.config import ServeConfig, config_from_dict  # noqa: E402
-from carbonrouter_lib.serve.core import RouterCore, Turn, _count, session_id  # noqa: E402
+from carbonrouter_lib.serve.core import RouterCore, Turn, _count  # noqa: E402
 
 __all__ = ["CarbonRouterStrategy", "config_from_router", "attach"]
 
@@ -116,7 +116,7 @@ class CarbonRouterStrategy(CustomRoutingStrategyBase, CustomLogger):
     def _turn_of(self, kwargs: Mapping[str, Any]) -> Turn | None:
         params = kwargs.get("litellm_params") or {}
         meta = params.get("metadata") or {}
-        s, _ = session_id(meta.get("session_id"), kwargs.get("messages") or [])
+        s = self.core.session_of(meta.get("session_id"), kwargs.get("messages") or [])
         return self._turns.pop(s, None)
 
     async def async_log_success_event(self, kwargs, response_obj, start_time, end_time) -> None:
