@@ -492,8 +492,19 @@ class Backend:
         return self._done.get(session, -math.inf)
 
     def has_departed(self, session: int) -> bool:
-        """Whether ``session`` has departed."""
+        """Whether ``session`` has departed (and is not forgotten, :meth:`forget_departed`)."""
         return session in self._departed
+
+    def forget_departed(self) -> int:
+        """Forget the departed sessions that hold no cache any more (all evicted or expired),
+        for a router that runs without end (``serve``): its state then stays bounded by the live
+        sessions and the caches departed ones left. A forgotten id is unknown again (a turn under
+        it starts a new session; the versions of its former caches' queue entries are stale). A
+        replay never needs it (no id comes back). Returns how many departed sessions are still
+        known (they hold caches)."""
+        caches = self._caches
+        self._departed = {s for s in self._departed if s in caches}
+        return len(self._departed)
 
     def cache_length(self, session: int, a: int) -> int:
         """Tokens of ``session``'s cache at deployment ``a`` (0 where none)."""

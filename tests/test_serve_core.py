@@ -166,3 +166,45 @@ def test_the_horizon_router_routes_live():
     for params in ({"session_length": "told"}, {"forecast": "clairvoyant"}):
         with pytest.raises(ValueError, match="reads the future"):
             RouterCore(horizon(**params), clock=ManualClock(now))
+
+
+def test_the_live_routers_state_is_bounded_by_its_live_sessions():
+    # A live router runs without end: what it keeps of a session goes when the session leaves
+    # (its state, CarbonRouter's counts, a revived key), and its backend forgets the departed
+    # sessions whose caches are gone (without that, one id per session ever seen stayed)
+    from carbonrouter_lib.serve.core import REVIVED_BASE, session_id
+
+    cfg = load_config()
+    cfg = cfg.model_copy(update={"router": cfg.router.model_copy(update={
+        "policy": "carbonrouter-no-gate", "gate": "none"})})
+    t = 1_641_168_000.0
+    clock = ManualClock(t)
+    core = RouterCore(cfg, clock=clock)
+    n_r = len(cfg.zones)
+    clean_first, clean_second = np.full(n_r, 400.0), np.full(n_r, 400.0)
+    clean_first[0], clean_second[1] = 50.0, 50.0  # the carbon flips between the two turns
+    n, step = 5000, 1.0
+    for i in range(n):
+        chat = [{"role": "user", "content": "hi"}]
+        for turn, ci in enumerate((clean_first, clean_second)):
+            t += step
+            clock.set(t)
+            q = core.query(chat, f"s{i}", {"last_turn": turn == 1})
+            served = core.decide(q, ci, t)
+            core.finish(served, 4)
+            chat += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "and?"}]
+    recs = core.decisions()
+    assert sum(r["opportunity"] for r in recs) > n / 2  # the counts were kept while it ran
+    assert core.policy.opportunities == {} and core._sessions == {} and core._revived == {}
+    # the sessions whose caches expired (TTL) are forgotten: what remains is the last TTL's
+    # sessions and at most max(1024, those) departures since the last time it forgot
+    within_ttl = cfg.router.ttl_s / (2 * step)
+    assert len(core.backend._departed) <= within_ttl + max(1024, within_ttl) < n
+    # a forgotten key that comes back is a new session under its own id again, not revived
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "back"}]
+    t += step
+    clock.set(t)
+    q = core.query(chat, "s0")
+    assert core.decide(q, clean_first, t) is not None
+    assert q.session == session_id("s0", chat)[0] < REVIVED_BASE

@@ -82,7 +82,8 @@ class CarbonRouter(Policy):
     ----------
     opportunities, blocked : dict[int, int]
         Per session: switch opportunities met and switches the gate blocked (kept for the whole
-        run, for the metrics; sessions with none are absent).
+        run, for the metrics; sessions with none are absent), unless ``keeps_session_counts`` is
+        False (a live router's: a session's counts go when it leaves).
     last_proposal : int
         g of the latest decision.
     last_opportunity : bool
@@ -92,6 +93,10 @@ class CarbonRouter(Policy):
     """
 
     name = "carbonrouter"
+    #: Whether :attr:`opportunities` and :attr:`blocked` keep a session's counts after it leaves
+    #: (a replay's run); the live router sets False, so that its state stays bounded by its live
+    #: sessions.
+    keeps_session_counts: bool = True
 
     def __init__(
         self, delta: float = 0.0, gate: Gate | str | None = LEARNED, pricing: bool = True,
@@ -202,6 +207,12 @@ class CarbonRouter(Policy):
             self.blocked[s] = self.blocked.get(s, 0) + 1
             return b
         return g
+
+
+    def on_session_end(self, session: int) -> None:
+        if not self.keeps_session_counts:
+            self.opportunities.pop(session, None)
+            self.blocked.pop(session, None)
 
 
 class CarbonRouterNoGate(CarbonRouter):

@@ -92,6 +92,9 @@ _DECIMAL = re.compile(r"^[0-9]{1,18}$")
 #: The first id of a session that came back after it left (above every id
 #: :func:`session_id` gives: decimal keys < 10^18, hashed ones < 2^62; int64).
 REVIVED_BASE = 2**62
+#: Departures between two of the backend's :meth:`~carbonrouter_lib.backend.Backend.
+#: forget_departed` at least (more while it still knows as many departed sessions with caches).
+_FORGET_EVERY = 1024
 
 
 def message_text(message: Mapping[str, Any]) -> str:
@@ -239,6 +242,8 @@ class RouterCore:
         if isinstance(policy, HorizonRouter):
             self._check_horizon(policy)
         self.policy = policy if policy is not None else self._make_policy()
+        if isinstance(self.policy, CarbonRouter):  # a session's counts go when it leaves
+            self.policy.keeps_session_counts = False
         self.backend = Backend(d, config.backend_config())
         self.ctx, self.cand = QueryContext(d), Candidates(d.n)
         self.ctx.backend = self.backend
@@ -254,6 +259,9 @@ class RouterCore:
         # left (popped when that incarnation leaves: bounded by the live sessions)
         self._revived: dict[str, int] = {}
         self._next_revived = REVIVED_BASE
+        # departures so far, and the count at which the backend next forgets the departed
+        # sessions without caches (doubling with what it still knows: amortized O(1) each)
+        self._departures, self._forget_at = 0, _FORGET_EVERY
         self._events: list[tuple] = []  # (time, seq, kind, session, arg)
         self._seq = 0
         self.log: collections.deque[dict] = collections.deque(maxlen=log_size)
@@ -409,6 +417,10 @@ class RouterCore:
             return
         self.backend.depart(s, t)
         self.policy.on_session_end(s)
+        self._departures += 1
+        if self._departures >= self._forget_at:
+            self._forget_at = self._departures + max(_FORGET_EVERY,
+                                                     self.backend.forget_departed())
 
     def _incarnation(self, q: Query) -> int:
         """The id ``q`` routes under: its session's current incarnation; a new one where the
