@@ -90,6 +90,7 @@ def test_the_router_before_the_pair_is_pinned_by_its_evidence_scripts():
     # parameters given (the default since 2026-12-07 and he.PAIR_J16: the next test)
     assert scripts.pop("slot16") is False
     assert scripts.pop("horizon_length") is False
+    assert scripts.pop("slot_turns") is False  # the default's parameters, slot16.SLOT16_ROUTER
     assert len(scripts) >= 12 and all(scripts.values()), scripts
     assert "target_params=he.BEFORE_PAIR" in inspect.getsource(
         _evidence_module("slot_credit").variant_runs)
@@ -3367,3 +3368,87 @@ def test_the_defaults_scale_sweep_follows_from_its_runs():
     m = v.merge(j, on=by, suffixes=("", "_j"))
     assert len(m) == 16 and (m["lowest_co2"] == m["lowest_co2_j"]).all()
     assert (m["saving_vs_best_pct"] == m["saving_vs_best_pct_j"]).all()
+
+
+def _slot_turns_label(label: str) -> int:
+    """The turns of a policy label of docs/evidence/horizon_slot_turns_*.csv (the router's 16)."""
+    if label == he.TARGET:
+        return 16
+    return int(label.removeprefix("slot price over ").removesuffix(" turns"))
+
+
+def _slot_turns_sentence(grid: str) -> str:
+    """What the README and docs/model.md state of the slot price's turns in ``grid``
+    (docs/evidence/horizon_slot_turns_{grid}_*.csv), made from those tables."""
+    st = _evidence_module("slot_turns")
+    t = pd.read_csv(EVIDENCE / f"horizon_slot_turns_{grid}_table.csv")
+    b = pd.read_csv(EVIDENCE / f"horizon_slot_turns_{grid}_bound.csv")
+    v = pd.read_csv(EVIDENCE / f"horizon_slot_turns_{grid}_verdicts.csv")
+    savings = []
+    for label in st.TURNS:
+        g = t[t["policy"] == label]
+        savings.append(f"{_slot_turns_label(label)} turns {g['saving_pct'].median():+.2f}% "
+                       f"[{g['saving_pct'].min():+.2f}, {g['saving_pct'].max():+.2f}] "
+                       f"({(g['ci_low_pct'] > 0).sum()} / {(g['ci_high_pct'] < 0).sum()})")
+    n = v.groupby("router")["lowest_co2"].value_counts().unstack(fill_value=0)
+    order = sorted(n.index, key=_slot_turns_label)
+    verdicts = ", ".join(f"{_slot_turns_label(r)} turns {n.loc[r].get('holds', 0)}/"
+                         f"{n.loc[r].get('tie', 0)}/{n.loc[r].get('fails', 0)}" for r in order)
+    w = b.pivot_table(index=list(he.SETTING), columns="policy", values="share_of_possible_saving")
+    shares = ", ".join(f"{_slot_turns_label(r)} turns {100 * w[r].median():.1f}% "
+                       f"({(w[r] >= 0.70).sum()})" for r in order)
+    return (f"16 turns' saving over each value, median [range] (settings with its CI above 0 / "
+            f"below 0): {'; '.join(savings)}; with paired CIs the lowest CO2 of every online "
+            f"policy holds / ties / fails with {verdicts}; share of the bound's possible saving, "
+            f"median (settings ≥ 70%): {shares}")
+
+
+@pytest.mark.parametrize("grid", ["full", "fresh"])
+def test_the_committed_slot_turns_tables_follow_from_their_runs(grid):
+    # docs/evidence/horizon_slot_turns_{grid}_*.csv (slot_turns.py): the default router's and every
+    # online policy's runs are the committed slot16 grid's to the last digit (CO2 and P95 TTFT);
+    # each value's saving is the default's over it (from the CO2 totals) inside its CI; the
+    # shares follow from the committed bounds; the default's verdicts are the committed ones and
+    # every verdict follows from its CI; the README and docs/model.md state the tables.
+    from carbonrouter_lib import bound
+    from carbonrouter_lib.policies import HorizonRouter
+
+    st = _evidence_module("slot_turns")
+    assert [_slot_turns_label(x) for x in st.TURNS] == [4, 8, 32, 64, 300]
+    assert HorizonRouter(**st.SLOT16_ROUTER).params() == HorizonRouter().params()
+    by, key = list(he.SETTING), [*he.SETTING, "policy"]
+    t = pd.read_csv(EVIDENCE / f"horizon_slot_turns_{grid}_table.csv")
+    assert set(t["policy"]) == {*he.ONLINE, he.TARGET, *st.TURNS}
+    assert len(t) == 32 * (len(he.ONLINE) + 1 + len(st.TURNS))
+    committed = pd.read_csv(EVIDENCE / f"horizon_slot16_{grid}_table.csv")
+    mine = t.merge(committed, on=key, suffixes=("", "_c"))
+    assert set(mine["policy"]) == {*he.ONLINE, he.TARGET}
+    assert len(mine) == 32 * (len(he.ONLINE) + 1)
+    for col in ("total_co2_kg", "p95_ttft_s"):
+        assert (mine[col] == mine[f"{col}_c"]).all(), col
+    router = t[t["policy"] == he.TARGET].set_index(by)["total_co2_kg"]
+    o = t[t["policy"].isin(list(st.TURNS))].set_index(by)
+    np.testing.assert_allclose(o["saving_pct"], 100 * (1 - router.loc[o.index] / o["total_co2_kg"]),
+                               rtol=1e-9)
+    assert ((o["ci_low_pct"] <= o["saving_pct"]) & (o["saving_pct"] <= o["ci_high_pct"])).all()
+    b = pd.read_csv(EVIDENCE / f"horizon_slot_turns_{grid}_bound.csv")
+    kg = pd.read_csv(EVIDENCE / f"horizon_{grid}_bound.csv").groupby(by)["bound_kg"].first()
+    assert len(b) == 32 * (len(he.ONLINE) + 1 + len(st.TURNS)) and not b["held_out"].any()
+    co2 = t.set_index(key)["total_co2_kg"]
+    for row in b.itertuples(index=False):
+        s = tuple(getattr(row, k) for k in he.SETTING)
+        assert row.bound_kg == kg[s] and row.co2_kg == co2[(*s, row.policy)]
+        assert row.share_of_possible_saving == pytest.approx(bound.share_of_possible_saving(
+            row.session_affinity_kg, row.co2_kg, row.bound_kg), rel=1e-12)
+    v = pd.read_csv(EVIDENCE / f"horizon_slot_turns_{grid}_verdicts.csv")
+    assert set(v["router"]) == {he.TARGET, *st.TURNS} and len(v) == 32 * (1 + len(st.TURNS))
+    ours = v[v["router"] == he.TARGET].merge(
+        pd.read_csv(EVIDENCE / f"horizon_slot16_{grid}_verdicts.csv"), on=by, suffixes=("", "_c"))
+    assert len(ours) == 32
+    for col in ("co2_rel", "saving_vs_best_pct", "ci_low_pct", "ci_high_pct", "lowest_co2"):
+        assert (ours[col] == ours[f"{col}_c"]).all(), col
+    expect = np.where(v["ci_low_pct"] > 0, "holds", np.where(v["ci_high_pct"] < 0, "fails", "tie"))
+    assert (v["lowest_co2"] == expect).all()
+    name = {"full": "the full grid", "fresh": "the fresh weeks"}[grid]
+    for text in (_readme_text(), _model_text()):
+        assert f"{name}: {_slot_turns_sentence(grid)}" in text
