@@ -3377,49 +3377,54 @@ def _slot_turns_label(label: str) -> int:
     return int(label.removeprefix("slot price over ").removesuffix(" turns"))
 
 
-def _slot_turns_sentence(grid: str) -> str:
-    """What the README and docs/model.md state of the slot price's turns in ``grid``
-    (docs/evidence/horizon_slot_turns_{grid}_*.csv), made from those tables."""
-    st = _evidence_module("slot_turns")
-    t = pd.read_csv(EVIDENCE / f"horizon_slot_turns_{grid}_table.csv")
-    b = pd.read_csv(EVIDENCE / f"horizon_slot_turns_{grid}_bound.csv")
-    v = pd.read_csv(EVIDENCE / f"horizon_slot_turns_{grid}_verdicts.csv")
+def _variants_sentence(name: str, grid: str, short, whose: str, order) -> str:
+    """What the README and docs/model.md state of the default router against variants of one of
+    its settings in ``grid`` (docs/evidence/{name}_{grid}_*.csv), made from those tables:
+    ``short(label)`` names a run (the default's label too), ``whose`` the default's saving,
+    ``order(label)`` sorts the runs."""
+    t = pd.read_csv(EVIDENCE / f"{name}_{grid}_table.csv")
+    b = pd.read_csv(EVIDENCE / f"{name}_{grid}_bound.csv")
+    v = pd.read_csv(EVIDENCE / f"{name}_{grid}_verdicts.csv")
+    variants = sorted(set(v["router"]) - {he.TARGET}, key=order)
     savings = []
-    for label in st.TURNS:
+    for label in variants:
         g = t[t["policy"] == label]
-        savings.append(f"{_slot_turns_label(label)} turns {g['saving_pct'].median():+.2f}% "
+        savings.append(f"{short(label)} {g['saving_pct'].median():+.2f}% "
                        f"[{g['saving_pct'].min():+.2f}, {g['saving_pct'].max():+.2f}] "
                        f"({(g['ci_low_pct'] > 0).sum()} / {(g['ci_high_pct'] < 0).sum()})")
     n = v.groupby("router")["lowest_co2"].value_counts().unstack(fill_value=0)
-    order = sorted(n.index, key=_slot_turns_label)
-    verdicts = ", ".join(f"{_slot_turns_label(r)} turns {n.loc[r].get('holds', 0)}/"
-                         f"{n.loc[r].get('tie', 0)}/{n.loc[r].get('fails', 0)}" for r in order)
+    runs = sorted(n.index, key=order)
+    verdicts = ", ".join(f"{short(r)} {n.loc[r].get('holds', 0)}/{n.loc[r].get('tie', 0)}/"
+                         f"{n.loc[r].get('fails', 0)}" for r in runs)
     w = b.pivot_table(index=list(he.SETTING), columns="policy", values="share_of_possible_saving")
-    shares = ", ".join(f"{_slot_turns_label(r)} turns {100 * w[r].median():.1f}% "
-                       f"({(w[r] >= 0.70).sum()})" for r in order)
-    return (f"16 turns' saving over each value, median [range] (settings with its CI above 0 / "
+    shares = ", ".join(f"{short(r)} {100 * w[r].median():.1f}% ({(w[r] >= 0.70).sum()})"
+                       for r in runs)
+    return (f"{whose} saving over each value, median [range] (settings with its CI above 0 / "
             f"below 0): {'; '.join(savings)}; with paired CIs the lowest CO2 of every online "
             f"policy holds / ties / fails with {verdicts}; share of the bound's possible saving, "
             f"median (settings ≥ 70%): {shares}")
 
 
-@pytest.mark.parametrize("grid", ["full", "fresh"])
-def test_the_committed_slot_turns_tables_follow_from_their_runs(grid):
-    # docs/evidence/horizon_slot_turns_{grid}_*.csv (slot_turns.py): the default router's and every
-    # online policy's runs are the committed slot16 grid's to the last digit (CO2 and P95 TTFT);
-    # each value's saving is the default's over it (from the CO2 totals) inside its CI; the
-    # shares follow from the committed bounds; the default's verdicts are the committed ones and
-    # every verdict follows from its CI; the README and docs/model.md state the tables.
-    from carbonrouter_lib import bound
-    from carbonrouter_lib.policies import HorizonRouter
+def _slot_turns_sentence(grid: str) -> str:
+    """What the README and docs/model.md state of the slot price's turns in ``grid``
+    (docs/evidence/horizon_slot_turns_{grid}_*.csv), made from those tables."""
+    return _variants_sentence("horizon_slot_turns", grid,
+                              lambda label: f"{_slot_turns_label(label)} turns", "16 turns'",
+                              _slot_turns_label)
 
-    st = _evidence_module("slot_turns")
-    assert [_slot_turns_label(x) for x in st.TURNS] == [4, 8, 32, 64, 300]
-    assert HorizonRouter(**st.SLOT16_ROUTER).params() == HorizonRouter().params()
+
+def _check_variant_tables(name: str, grid: str, variants) -> None:
+    """docs/evidence/{name}_{grid}_*.csv (slot_turns.tables): the default router's and every
+    online policy's runs are the committed slot16 grid's to the last digit (CO2 and P95 TTFT);
+    each variant's saving is the default's over it (from the CO2 totals) inside its CI; the
+    shares follow from the committed bounds; the default's verdicts are the committed ones and
+    every verdict follows from its CI."""
+    from carbonrouter_lib import bound
+
     by, key = list(he.SETTING), [*he.SETTING, "policy"]
-    t = pd.read_csv(EVIDENCE / f"horizon_slot_turns_{grid}_table.csv")
-    assert set(t["policy"]) == {*he.ONLINE, he.TARGET, *st.TURNS}
-    assert len(t) == 32 * (len(he.ONLINE) + 1 + len(st.TURNS))
+    t = pd.read_csv(EVIDENCE / f"{name}_{grid}_table.csv")
+    assert set(t["policy"]) == {*he.ONLINE, he.TARGET, *variants}
+    assert len(t) == 32 * (len(he.ONLINE) + 1 + len(variants))
     committed = pd.read_csv(EVIDENCE / f"horizon_slot16_{grid}_table.csv")
     mine = t.merge(committed, on=key, suffixes=("", "_c"))
     assert set(mine["policy"]) == {*he.ONLINE, he.TARGET}
@@ -3427,21 +3432,21 @@ def test_the_committed_slot_turns_tables_follow_from_their_runs(grid):
     for col in ("total_co2_kg", "p95_ttft_s"):
         assert (mine[col] == mine[f"{col}_c"]).all(), col
     router = t[t["policy"] == he.TARGET].set_index(by)["total_co2_kg"]
-    o = t[t["policy"].isin(list(st.TURNS))].set_index(by)
+    o = t[t["policy"].isin(list(variants))].set_index(by)
     np.testing.assert_allclose(o["saving_pct"], 100 * (1 - router.loc[o.index] / o["total_co2_kg"]),
                                rtol=1e-9)
     assert ((o["ci_low_pct"] <= o["saving_pct"]) & (o["saving_pct"] <= o["ci_high_pct"])).all()
-    b = pd.read_csv(EVIDENCE / f"horizon_slot_turns_{grid}_bound.csv")
+    b = pd.read_csv(EVIDENCE / f"{name}_{grid}_bound.csv")
     kg = pd.read_csv(EVIDENCE / f"horizon_{grid}_bound.csv").groupby(by)["bound_kg"].first()
-    assert len(b) == 32 * (len(he.ONLINE) + 1 + len(st.TURNS)) and not b["held_out"].any()
+    assert len(b) == 32 * (len(he.ONLINE) + 1 + len(variants)) and not b["held_out"].any()
     co2 = t.set_index(key)["total_co2_kg"]
     for row in b.itertuples(index=False):
         s = tuple(getattr(row, k) for k in he.SETTING)
         assert row.bound_kg == kg[s] and row.co2_kg == co2[(*s, row.policy)]
         assert row.share_of_possible_saving == pytest.approx(bound.share_of_possible_saving(
             row.session_affinity_kg, row.co2_kg, row.bound_kg), rel=1e-12)
-    v = pd.read_csv(EVIDENCE / f"horizon_slot_turns_{grid}_verdicts.csv")
-    assert set(v["router"]) == {he.TARGET, *st.TURNS} and len(v) == 32 * (1 + len(st.TURNS))
+    v = pd.read_csv(EVIDENCE / f"{name}_{grid}_verdicts.csv")
+    assert set(v["router"]) == {he.TARGET, *variants} and len(v) == 32 * (1 + len(variants))
     ours = v[v["router"] == he.TARGET].merge(
         pd.read_csv(EVIDENCE / f"horizon_slot16_{grid}_verdicts.csv"), on=by, suffixes=("", "_c"))
     assert len(ours) == 32
@@ -3449,6 +3454,45 @@ def test_the_committed_slot_turns_tables_follow_from_their_runs(grid):
         assert (ours[col] == ours[f"{col}_c"]).all(), col
     expect = np.where(v["ci_low_pct"] > 0, "holds", np.where(v["ci_high_pct"] < 0, "fails", "tie"))
     assert (v["lowest_co2"] == expect).all()
+
+
+@pytest.mark.parametrize("grid", ["full", "fresh"])
+def test_the_committed_slot_turns_tables_follow_from_their_runs(grid):
+    # docs/evidence/horizon_slot_turns_{grid}_*.csv (slot_turns.py): the checks of
+    # _check_variant_tables, and the README and docs/model.md state the tables
+    from carbonrouter_lib.policies import HorizonRouter
+
+    st = _evidence_module("slot_turns")
+    assert [_slot_turns_label(x) for x in st.TURNS] == [4, 8, 32, 64, 300]
+    assert HorizonRouter(**st.SLOT16_ROUTER).params() == HorizonRouter().params()
+    _check_variant_tables("horizon_slot_turns", grid, st.TURNS)
     name = {"full": "the full grid", "fresh": "the fresh weeks"}[grid]
     for text in (_readme_text(), _model_text()):
         assert f"{name}: {_slot_turns_sentence(grid)}" in text
+
+
+def _smoothing_sentence(grid: str) -> str:
+    """What the README and docs/model.md state of the router's smoothing weights in ``grid``
+    (docs/evidence/horizon_smoothing_{grid}_*.csv), made from those tables."""
+    runs = [he.TARGET, *_evidence_module("smoothing").SMOOTHING]
+    return _variants_sentence(
+        "horizon_smoothing", grid,
+        lambda label: "the default (0.05 / 0.01)" if label == he.TARGET else label,
+        "the default's", runs.index)
+
+
+@pytest.mark.parametrize("grid", ["full", "fresh"])
+def test_the_committed_smoothing_tables_follow_from_their_runs(grid):
+    # docs/evidence/horizon_smoothing_{grid}_*.csv (smoothing.py): the checks of
+    # _check_variant_tables, and the README and docs/model.md state the tables
+    from carbonrouter_lib.policies import HorizonRouter
+
+    sm = _evidence_module("smoothing")
+    default = HorizonRouter()
+    assert (default.smoothing, default.slot_smoothing) == (0.05, 0.01)
+    assert all(set(p) <= {"smoothing", "slot_smoothing"} and len(p) == 1
+               for p in sm.SMOOTHING.values())
+    _check_variant_tables("horizon_smoothing", grid, sm.SMOOTHING)
+    name = {"full": "the full grid", "fresh": "the fresh weeks"}[grid]
+    for text in (_readme_text(), _model_text()):
+        assert f"{name}: {_smoothing_sentence(grid)}" in text

@@ -51,41 +51,48 @@ TURNS: dict[str, dict[str, int]] = {f"slot price over {n} turns": {"slot_turns":
                                     for n in (4, 8, 32, 64, 300)}
 
 
-def runs(grid: str) -> pd.DataFrame:
-    """Every online policy, the default router and each of :data:`TURNS` in ``grid``'s settings,
-    each router given CarbonRouter's P95 TTFT in the setting as its SLO."""
+def runs(grid: str, variants: dict[str, dict] = TURNS) -> pd.DataFrame:
+    """Every online policy, the default router and each of ``variants`` (label → HorizonRouter
+    parameters over the default's; default :data:`TURNS`) in ``grid``'s settings, each router
+    given CarbonRouter's P95 TTFT in the setting as its SLO."""
     settings = he.grid_settings(grid)[0]
     slo = first_phase_slos(he.grid(settings, noise=(), reference=()))
-    return he.grid(settings, variants_in=settings, variants=TURNS, noise=(), reference=(),
+    return he.grid(settings, variants_in=settings, variants=variants, noise=(), reference=(),
                    target_params=SLOT16_ROUTER, ttft_slo=slo)
 
 
-def main(grid: str) -> None:
+def tables(grid: str, variants: dict[str, dict], name: str) -> None:
+    """``variants`` beside the default router and every online policy in ``grid``
+    (:func:`runs`) → ``{name}_{grid}_{table,bound,verdicts}.csv``, the default's runs checked
+    against the committed ``horizon_slot16_{grid}_table.csv``; prints the summaries."""
     if grid not in ("full", "fresh"):
-        raise SystemExit(f"slot_turns.py: grid must be 'full' or 'fresh', got {grid!r}")
-    r = runs(grid)
+        raise SystemExit(f"grid must be 'full' or 'fresh', got {grid!r}")
+    r = runs(grid, variants)
     results = sweep.run_sweep(list(r["spec"]))
     table = functools.partial(he.table, designed_on=he.DESIGNED_ON_PAIR)
     t = table(results, r)
     print_drift(t, f"horizon_slot16_{grid}_table.csv", he.SETTING)
     s = bound_shares(t, pd.read_csv(HERE / f"horizon_{grid}_bound.csv"),
-                     designed_on=he.DESIGNED_ON_PAIR, policies=(*he.ONLINE, he.TARGET, *TURNS))
-    v = length_verdicts(results, r, TURNS, table, column="router")
-    name = f"horizon_slot_turns_{grid}"
+                     designed_on=he.DESIGNED_ON_PAIR, policies=(*he.ONLINE, he.TARGET, *variants))
+    v = length_verdicts(results, r, variants, table, column="router")
     for df, part in ((t, "table"), (s, "bound"), (v, "verdicts")):
-        save_table(df, f"{name}_{part}", HERE, parquet=False)
+        save_table(df, f"{name}_{grid}_{part}", HERE, parquet=False)
     print(v.groupby("router")["lowest_co2"].value_counts().unstack(fill_value=0).to_string())
-    x = t[t["policy"].isin(list(TURNS))]
-    print("16 turns' saving over each value, %: median, range, CI above 0, CI below 0")
+    x = t[t["policy"].isin(list(variants))]
+    print("the default's saving over each variant, %: median, range, CI above 0, CI below 0")
     for label, g in x.groupby("policy", sort=False):
         print(f"  {label}: {g['saving_pct'].median():+.2f} [{g['saving_pct'].min():+.2f}, "
               f"{g['saving_pct'].max():+.2f}], {(g['ci_low_pct'] > 0).sum()}, "
               f"{(g['ci_high_pct'] < 0).sum()} of {len(g)}")
     wide = s.pivot_table(index=list(he.SETTING), columns="policy", sort=False,
-                         values="share_of_possible_saving")[[he.TARGET, *TURNS]]
+                         values="share_of_possible_saving")[[he.TARGET, *variants]]
     print(wide.groupby(level=["dataset", "memory"]).median().round(3).to_string())
     print("median:", wide.median().round(3).to_dict())
     print("≥ 0.70:", (wide >= 0.70).sum().to_dict())
+
+
+def main(grid: str) -> None:
+    tables(grid, TURNS, "horizon_slot_turns")
 
 
 if __name__ == "__main__":
