@@ -880,6 +880,38 @@ def pick(carbon, future, slot, ttft, kv, extra, mask, with_slot, with_ttft, with
     return a
 
 
+#: SplitMix64's constants (the conversations' folds).
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+@njit(cache=True)
+def _fold_hash(conversation, folds, salt):
+    # SplitMix64 of (seed, id); uint64 arithmetic wraps modulo 2**64
+    x = np.uint64(conversation) + np.uint64(salt) * _GOLDEN + _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * _MIX1
+    x = (x ^ (x >> np.uint64(27))) * _MIX2
+    x = x ^ (x >> np.uint64(31))
+    return np.int64(x % np.uint64(folds))
+
+
+@njit(cache=True)
+def fold_hashes(ids, folds, salt):
+    """:func:`conversation_fold` of every id of ``ids`` (int64) with the salt already masked
+    (:func:`carbonrouter_lib.prepared.conversation_folds` is the public form)."""
+    out = np.empty(len(ids), np.int64)
+    for i in range(len(ids)):
+        out[i] = _fold_hash(ids[i], folds, salt)
+    return out
+
+
+def conversation_fold(conversation: int, folds: int, seed: int) -> int:
+    """The fold (0 … folds−1) of one conversation (or session) id, int64:
+    :func:`carbonrouter_lib.prepared.conversation_folds` of one id without building an array.
+    The learned gate's and the horizon router's per-decision paths ask for it (0.14 µs)."""
+    return _fold_hash(conversation, folds, seed & 0xFFFFFFFF)
+
+
 @njit(cache=True)
 def horizon_work_size(n_regions: int, n_models: int, n_deployments: int, horizon: int) -> int:
     """Length of :func:`horizon_future`'s scratch ``work`` (float64) for these sizes (one

@@ -54,11 +54,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numba
 import numpy as np
 import pandas as pd
 
-from carbonrouter_lib import arrivals, cache, mooncake, output_length, quality, sharegpt, traces
+from carbonrouter_lib import (
+    arrivals,
+    cache,
+    kernel,
+    mooncake,
+    output_length,
+    quality,
+    sharegpt,
+    traces,
+)
+from carbonrouter_lib.kernel import conversation_fold  # noqa: F401  (one id's fold, re-exported)
 from carbonrouter_lib.profiles import MODELS, REFERENCE_DEPLOYMENT
 from carbonrouter_lib.tokenizers import TOKENIZER_FAMILIES, TOKENIZER_OF_MODEL
 
@@ -684,36 +693,8 @@ def conversation_codes(table: pd.DataFrame) -> np.ndarray:
     return codes.astype(np.int64)
 
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-
-
-@numba.njit(cache=True)
-def _fold_hash(conversation: int, folds: int, salt: int) -> int:
-    # SplitMix64 of (seed, id); uint64 arithmetic wraps modulo 2**64
-    x = np.uint64(conversation) + np.uint64(salt) * _GOLDEN + _GOLDEN
-    x = (x ^ (x >> np.uint64(30))) * _MIX1
-    x = (x ^ (x >> np.uint64(27))) * _MIX2
-    x = x ^ (x >> np.uint64(31))
-    return np.int64(x % np.uint64(folds))
-
-
-@numba.njit(cache=True)
-def _fold_hashes(ids: np.ndarray, folds: int, salt: int) -> np.ndarray:
-    out = np.empty(len(ids), np.int64)
-    for i in range(len(ids)):
-        out[i] = _fold_hash(ids[i], folds, salt)
-    return out
-
-
 def conversation_folds(ids: np.ndarray | list[int], folds: int, seed: int) -> np.ndarray:
     """Fold (0 … folds−1) of each conversation (or session) id, for held-out training (the
     learned gate, the horizon model): a SplitMix64 hash of (seed, id), so any id has a fold
     without a stored table and folds do not follow the id order."""
-    return _fold_hashes(np.asarray(ids, dtype=np.int64), int(folds), seed & 0xFFFFFFFF)
-
-
-def conversation_fold(conversation: int, folds: int, seed: int) -> int:
-    """:func:`conversation_folds` of one id (int64), without building an array: a policy's
-    per-decision path asks for it at every session's first turn (0.15 µs instead of 8)."""
-    return _fold_hash(conversation, folds, seed & 0xFFFFFFFF)
+    return kernel.fold_hashes(np.asarray(ids, dtype=np.int64), int(folds), seed & 0xFFFFFFFF)

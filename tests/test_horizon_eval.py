@@ -2630,25 +2630,49 @@ def _length_claim() -> str:
             f"{ample['saving_pct'].abs().max():.1f}% of J = 16")
 
 
-def _check_length_table(name: str, lengths, by, n: int) -> pd.DataFrame:
-    """The checks of docs/evidence/horizon_length_pair_{name}_table.csv (``n`` settings, told
-    apart by the columns ``by``; the J's ``lengths``): the router's and every online policy's runs
-    are the committed pair table's to the last digit (CO2 and P95 TTFT); each J's saving is the
-    default's over it (from the CO2 totals) inside its CI. Returns the table."""
-    committed = pd.read_csv(EVIDENCE / f"horizon_kv_price_pair_{name}_table.csv")
-    t = pd.read_csv(EVIDENCE / f"horizon_length_pair_{name}_table.csv")
+def _check_shares(b: pd.DataFrame, t: pd.DataFrame, grid: str) -> None:
+    """Each row of a committed bound-shares table ``b`` (a variant table's, docs/evidence): its
+    bound is the committed ``horizon_{grid}_bound.csv``'s, its CO2 the run's in table ``t`` and
+    its share follows from the three."""
+    from carbonrouter_lib import bound
+
+    kg = pd.read_csv(EVIDENCE / f"horizon_{grid}_bound.csv").groupby(
+        list(he.SETTING))["bound_kg"].first()
+    co2 = t.set_index([*he.SETTING, "policy"])["total_co2_kg"]
+    for row in b.itertuples(index=False):
+        st = tuple(getattr(row, k) for k in he.SETTING)
+        assert row.bound_kg == kg[st] and row.co2_kg == co2[(*st, row.policy)]
+        assert row.share_of_possible_saving == pytest.approx(bound.share_of_possible_saving(
+            row.session_affinity_kg, row.co2_kg, row.bound_kg), rel=1e-12)
+
+
+def _check_variant_runs(t: pd.DataFrame, committed: pd.DataFrame, variants, by, n: int) -> None:
+    """A table ``t`` of variants (``variants``) beside the router and every online policy in
+    ``n`` settings (told apart by the columns ``by``): those runs are the ``committed`` table's
+    to the last digit (CO2 and P95 TTFT); each variant's saving is the router's over it (from the
+    CO2 totals) inside its CI."""
     ours = len(he.ONLINE) + 1
-    assert set(t["policy"]) == {*he.ONLINE, he.TARGET, *lengths}
-    assert len(t) == n * (ours + len(lengths))
+    assert set(t["policy"]) == {*he.ONLINE, he.TARGET, *variants}
+    assert len(t) == n * (ours + len(variants))
     mine = t.merge(committed, on=[*by, "policy"], suffixes=("", "_c"))
     assert set(mine["policy"]) == {*he.ONLINE, he.TARGET} and len(mine) == n * ours
     assert (mine["total_co2_kg"] == mine["total_co2_kg_c"]).all()
     assert (mine["p95_ttft_s"] == mine["p95_ttft_s_c"]).all()
     router = t[t["policy"] == he.TARGET].set_index(list(by))["total_co2_kg"]
-    v = t[t["policy"].isin(list(lengths))].set_index(list(by))
+    v = t[t["policy"].isin(list(variants))].set_index(list(by))
     np.testing.assert_allclose(v["saving_pct"], 100 * (1 - router.loc[v.index] / v["total_co2_kg"]),
                                rtol=1e-9)
     assert ((v["ci_low_pct"] <= v["saving_pct"]) & (v["saving_pct"] <= v["ci_high_pct"])).all()
+
+
+def _check_length_table(name: str, lengths, by, n: int) -> pd.DataFrame:
+    """The checks of docs/evidence/horizon_length_pair_{name}_table.csv (``n`` settings, told
+    apart by the columns ``by``; the J's ``lengths``): the router's and every online policy's runs
+    are the committed pair table's to the last digit (CO2 and P95 TTFT); each J's saving is the
+    default's over it (from the CO2 totals) inside its CI. Returns the table."""
+    t = pd.read_csv(EVIDENCE / f"horizon_length_pair_{name}_table.csv")
+    _check_variant_runs(t, pd.read_csv(EVIDENCE / f"horizon_kv_price_pair_{name}_table.csv"),
+                        lengths, by, n)
     return t
 
 
@@ -2658,23 +2682,14 @@ def test_the_committed_horizon_length_tables_follow_from_their_runs(grid):
     # online policy's runs are the committed pair grid's to the last digit (CO2 and P95 TTFT);
     # each J's saving is the default's over it (from the CO2 totals) inside its CI; the shares
     # follow from the committed bounds; the README and docs/model.md state the tables.
-    from carbonrouter_lib import bound
 
     hl = _evidence_module("horizon_length")
     assert [hl.label_horizon(label) for label in hl.LENGTHS] == [1, 4, 8, 12, 24]
     assert hl.label_horizon(he.TARGET) == he.PAIR_J16["horizon"] == 16
     t = _check_length_table(grid, hl.LENGTHS, he.SETTING, 32)
-    key = [*he.SETTING, "policy"]
     b = pd.read_csv(EVIDENCE / f"horizon_length_pair_{grid}_bound.csv")
-    kg = pd.read_csv(EVIDENCE / f"horizon_{grid}_bound.csv").groupby(
-        list(he.SETTING))["bound_kg"].first()
     assert not b["held_out"].any() and len(b) == 32 * 12
-    co2 = t.set_index(key)["total_co2_kg"]
-    for row in b.itertuples(index=False):
-        st = tuple(getattr(row, k) for k in he.SETTING)
-        assert row.bound_kg == kg[st] and row.co2_kg == co2[(*st, row.policy)]
-        assert row.share_of_possible_saving == pytest.approx(bound.share_of_possible_saving(
-            row.session_affinity_kg, row.co2_kg, row.bound_kg), rel=1e-12)
+    _check_shares(b, t, grid)
     # docs/model.md: no J moves the median share by a point
     w = b.pivot_table(index=list(he.SETTING), columns="policy", values="share_of_possible_saving")
     assert all(abs(w[label].median() - w[he.TARGET].median()) < 0.01 for label in hl.LENGTHS)
@@ -3419,32 +3434,13 @@ def _check_variant_tables(name: str, grid: str, variants) -> None:
     each variant's saving is the default's over it (from the CO2 totals) inside its CI; the
     shares follow from the committed bounds; the default's verdicts are the committed ones and
     every verdict follows from its CI."""
-    from carbonrouter_lib import bound
-
-    by, key = list(he.SETTING), [*he.SETTING, "policy"]
+    by = list(he.SETTING)
     t = pd.read_csv(EVIDENCE / f"{name}_{grid}_table.csv")
-    assert set(t["policy"]) == {*he.ONLINE, he.TARGET, *variants}
-    assert len(t) == 32 * (len(he.ONLINE) + 1 + len(variants))
-    committed = pd.read_csv(EVIDENCE / f"horizon_slot16_{grid}_table.csv")
-    mine = t.merge(committed, on=key, suffixes=("", "_c"))
-    assert set(mine["policy"]) == {*he.ONLINE, he.TARGET}
-    assert len(mine) == 32 * (len(he.ONLINE) + 1)
-    for col in ("total_co2_kg", "p95_ttft_s"):
-        assert (mine[col] == mine[f"{col}_c"]).all(), col
-    router = t[t["policy"] == he.TARGET].set_index(by)["total_co2_kg"]
-    o = t[t["policy"].isin(list(variants))].set_index(by)
-    np.testing.assert_allclose(o["saving_pct"], 100 * (1 - router.loc[o.index] / o["total_co2_kg"]),
-                               rtol=1e-9)
-    assert ((o["ci_low_pct"] <= o["saving_pct"]) & (o["saving_pct"] <= o["ci_high_pct"])).all()
+    _check_variant_runs(t, pd.read_csv(EVIDENCE / f"horizon_slot16_{grid}_table.csv"), variants,
+                        by, 32)
     b = pd.read_csv(EVIDENCE / f"{name}_{grid}_bound.csv")
-    kg = pd.read_csv(EVIDENCE / f"horizon_{grid}_bound.csv").groupby(by)["bound_kg"].first()
     assert len(b) == 32 * (len(he.ONLINE) + 1 + len(variants)) and not b["held_out"].any()
-    co2 = t.set_index(key)["total_co2_kg"]
-    for row in b.itertuples(index=False):
-        s = tuple(getattr(row, k) for k in he.SETTING)
-        assert row.bound_kg == kg[s] and row.co2_kg == co2[(*s, row.policy)]
-        assert row.share_of_possible_saving == pytest.approx(bound.share_of_possible_saving(
-            row.session_affinity_kg, row.co2_kg, row.bound_kg), rel=1e-12)
+    _check_shares(b, t, grid)
     v = pd.read_csv(EVIDENCE / f"{name}_{grid}_verdicts.csv")
     assert set(v["router"]) == {he.TARGET, *variants} and len(v) == 32 * (1 + len(variants))
     ours = v[v["router"] == he.TARGET].merge(

@@ -208,7 +208,6 @@ class CarbonRouter(Policy):
             return b
         return g
 
-
     def on_session_end(self, session: int) -> None:
         if not self.keeps_session_counts:
             self.opportunities.pop(session, None)

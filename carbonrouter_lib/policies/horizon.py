@@ -267,9 +267,7 @@ class HorizonModel:
                              f"{self.eligible.shape}")
 
     def fold_of(self, conversation: int) -> int:
-        from carbonrouter_lib.prepared import conversation_fold
-
-        return conversation_fold(conversation, self.folds, self.seed)
+        return kernel.conversation_fold(conversation, self.folds, self.seed)
 
 
 def fit_horizon_model(table: pd.DataFrame, beta_q: float = DEFAULTS["beta_q"],
@@ -1007,16 +1005,13 @@ class _RunState:
         self.stayed = 1.0
         self.nu = 0.0  # the TTFT price's multiplier ν
         self.deployments = None
-        from carbonrouter_lib.prepared import conversation_fold
-
-        self._fold_of = conversation_fold
         # per grid row (a live provider: per value of the current intensities)
         self._fc: dict[int | bytes, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
 
     def fold(self, conversation: int, model: HorizonModel) -> int:
-        # HorizonModel.fold_of's hash, bound once (an import per call costs more than the hash);
-        # not cached per conversation: a live router meets new conversations without end
-        return self._fold_of(conversation, model.folds, model.seed)
+        # not cached per conversation: a live router meets new conversations without end, and
+        # the compiled hash takes 0.14 µs
+        return model.fold_of(conversation)
 
     def forecast(self, t: float, fold: int, ci: np.ndarray | None = None) -> np.ndarray:
         """Forecast (n_regions, J) for fold ``fold``'s J future turns, j·τ_f ahead, made at t's
