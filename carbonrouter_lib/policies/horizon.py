@@ -172,7 +172,8 @@ from carbonrouter_lib.policies.base import Candidates, Policy, QueryContext
 from carbonrouter_lib.profiles import MODELS, REFERENCE_DEPLOYMENT
 
 __all__ = ["HorizonModel", "HorizonRouter", "fit_horizon_model", "forecast_error", "LEARNED",
-           "EXITS", "SESSION_LENGTHS", "FUTURE_MODELS", "survival_table", "turn_starts"]
+           "EXITS", "SESSION_LENGTHS", "FUTURE_MODELS", "survival_rows", "survival_table",
+           "turn_starts"]
 
 #: ``model=LEARNED``: the horizon model is fitted on the replayed workload by the runner.
 LEARNED = "learned"
@@ -720,7 +721,6 @@ class HorizonRouter(Policy):
                                                   for x in (d.e_in, d.e_cache, d.e_out))
         state.region, state.model = (np.asarray(x, np.int64) for x in (d.region, d.model))
         state.kv_pool = np.asarray(state.kv_pool, np.int64)
-        state.other_models = ~np.eye(len(d.models), dtype=bool)
         state.future, state.miss = np.zeros(d.n), np.zeros(d.n)
         state.post = np.zeros(len(d.models))  # H_0 per model, tokens
         state.pool = np.asarray(d.pool, np.int64)
@@ -754,6 +754,43 @@ class HorizonRouter(Policy):
         state.ref = reference_model(d.models)
         state.dom = kernel.dominant_blocks(state.e_in, state.e_out, state.model, len(d.models),
                                            d.n // len(d.regions))
+        state.backend = state.used = None  # the backend and its KV tokens held per pool
+        state.extra = type(self).extra_prices is not HorizonRouter.extra_prices
+        state.value, state.ttft = np.zeros(d.n), np.zeros(d.n)  # Ĉ and the TTFTs, per decision
+        n_m, n_j = len(d.models), max(self.horizon, 1)
+        # the return exit's caches left by a session at its first turn: none
+        state.no_left = (np.full(n_m, -1, np.int64), np.zeros(n_m))
+        told = self.future_models == "told"
+        # (writeable copies of the deployments' read-only arrays: the types the compiled
+        # loop's are, so that Numba compiles the decision once for both)
+        state.hs = kernel.new_horizon_state(  # kernel.HORIZON_STATE_FIELDS' order
+            *(np.array(x) for x in (state.e_in, state.e_cache, state.e_out)),
+            state.e_in - state.e_cache, np.array(state.v_pre),
+            *(np.array(x) for x in (state.region, state.model)), state.kv_pool,
+            np.array(state.pool), np.asarray(kv_cap, np.int64), state.dom, n_m,
+            d.n // len(d.regions),
+            state.surv, *(np.ascontiguousarray(x, np.float64) for x in (
+                model.new_tokens, model.out_tokens, model.stay_feasible)),
+            model.fallback, model.eligible, state.surv_sum,
+            np.ascontiguousarray(model.gap_s, np.float64),
+            model.folds, model.seed & 0xFFFFFFFF, self.session_length == "told",
+            np.asarray(model.turns, np.int64) if self.session_length == "told"
+            else np.zeros(1, np.int64),
+            self.horizon, self.smoothing, self.cache_survival, self.model_stickiness,
+            self.exit != "cheapest", self.option, state.ref, self.slot_price,
+            float(self.slot_smoothing), self.slot_residence, self.slot_credit,
+            0.0 if self.ttft_slo_s is None else float(self.ttft_slo_s), self.kv_price, told,
+            self.exit == "return",
+            state.stay_j if told else np.ones((n_m, n_j)),
+            state.exit_j if told else np.full(n_j, -1, np.int64),
+            model.feasible_turns if told else np.zeros((1, 1), np.bool_),
+            state.turn_start if told else np.zeros(2, np.int64),
+            state.keep, state.phi, state.keep_left, state.post, state.future, state.miss,
+            state.work, state.value, state.price, state.pi, state.displaced, state.gap,
+            state.clock, state.ttft_price, state.ttft, state.kv_loss, state.kv_evicted,
+            state.kv_lam, state.kv_price, state.kv_evict, state.ret_dep, state.ret_len,
+            np.zeros(d.n, np.int64), np.zeros(d.n), np.zeros(d.n // len(d.regions)),
+            np.zeros(d.n // len(d.regions)))
         return state
 
     # ---- the decision -----------------------------------------------------------------------
@@ -761,49 +798,33 @@ class HorizonRouter(Policy):
     def choose(self, ctx: QueryContext, cand: Candidates) -> int:
         if self.horizon == 0:
             return cand.argmin(cand.carbon)
-        st = self._observe(ctx)
-        model = self.model
-        conversation = ctx.conversation
-        f = st.fold(conversation, model)
-        sf = self._survival_row(conversation, f)
-        k = min(ctx.turn, model.survival.shape[1] - 1)
-        rho = st.stayed if self.continuation == "online" else self.continuation
-        # (n_regions, J), and per turn the least intensity and its region
-        fc, fc_lo, fc_arg = st.forecast_with_minima(ctx.time_s, f, ctx.ci_region)
-        post = st.post
-        np.add(ctx.n_hist_m, ctx.n_new_m, out=post)
-        post += ctx.n_out_est_m  # H_0 per model
-        new_f, out_f, stay_f, fallback_f, eligible_f = st.fold_rows[f]
-        if st.stay_j is not None:
-            kernel.told_models(st.stay_j, st.exit_j, model.feasible_turns, st.turn_start,
-                               conversation, ctx.turn, stay_f)
-        # stay_j None: the online router's compiled function, without the told branches
-        kernel.horizon_future(
-            st.future, st.miss, st.work, st.surv[sf, k, :self.horizon], float(rho), fc,
-            fc_lo, fc_arg, post, new_f, out_f, stay_f, st.e_in, st.e_cache, st.e_out,
-            st.region, st.model, st.kv_pool, st.keep,
-            st.other_models.shape[0], self.cache_survival, self.model_stickiness,
-            fallback_f, eligible_f, st.phi, self.exit != "cheapest", self.option,
-            cand.mask, st.dom, st.stay_j, st.exit_j, *self._returns(ctx, st))
-        if self.slot_price:
-            self._slot_prices(ctx, cand, st, f, sf, k, float(rho))
-        priced = self.ttft_slo_s is not None and st.nu > 0.0  # ν = 0: the price is 0
-        if priced:  # (the choice reads the candidates only, whose prices this writes)
-            kernel.ttft_prices(st.ttft_price, self.ttft_slo_s, st.nu, cand.carbon, cand.mask,
-                               cand.ttft)
-        if self.kv_price:
-            b = ctx.prev if ctx.turn > 0 else -1
-            if self.kv_loss == "within_ttl" and b >= 0 and (ctx.backend.last_completion(
-                    ctx.session) + ctx.backend.config.ttl_s < ctx.time_s):
-                b = -1  # the cache had expired: no eviction took it
-            kernel.kv_prices(st.kv_price, st.kv_evict, st.kv_loss, st.kv_evicted, st.kv_lam, b,
-                             float(ctx.n_hist_m[st.model[b]]) if b >= 0 else 0.0, ctx.cached,
-                             st.e_in, st.e_cache, ctx.ci, post, st.model,
-                             st.kv_cap, st.used, st.kv_pool, cand.mask)
+        st = self._bound
+        if st is None or st.deployments is not ctx.deployments:
+            st = self._bound = self._bind(ctx)
+            st.deployments = ctx.deployments
+        backend, turn, prev, t = ctx.backend, ctx.turn, ctx.prev, ctx.time_s
+        if st.backend is not backend:  # the KV tokens held per pool: the backend's own counts
+            st.backend, st.used = backend, backend.pool_used_view()
+        fcs = st.forecasts(t, ctx.ci_region)
+        # the KV price observes no loss where the session's caches had outlived the TTL
+        expired = (self.kv_price and self.kv_loss == "within_ttl" and turn > 0 and prev >= 0
+                   and backend.last_completion(ctx.session) + backend.config.ttl_s < t)
+        left = st.left.get(ctx.session, st.no_left) if self.exit == "return" else st.no_left
+        # the whole decision in one compiled call (kernel.horizon_decide): the Python loop's
+        # cost is in its calls and their arguments, not in the arithmetic
+        a = kernel.horizon_decide(
+            st.hs, ctx.conversation, turn, prev, t, expired,
+            st.stayed if self.continuation == "online" else float(self.continuation), st.nu,
+            ctx.batch.tokens, ctx.row, ctx.cached, ctx.ci, cand.mask, ctx.available,
+            cand.ok_if_free, st.used, fcs[0], fcs[1], fcs[2], left[0], left[1])
+        if not st.extra:
+            return a
         extra = self.extra_prices(ctx, cand, st)
-        return kernel.pick(cand.carbon, st.future, st.price, st.ttft_price, st.kv_price,
-                           st.future if extra is None else extra, cand.mask, self.slot_price,
-                           priced, self.kv_price, extra is not None)
+        if extra is None:
+            return a
+        return kernel.pick(st.value, st.future, st.price, st.ttft_price, st.kv_price, extra,
+                           cand.mask, self.slot_price,
+                           self.ttft_slo_s is not None and st.nu > 0.0, self.kv_price, True)
 
     def extra_prices(self, ctx: QueryContext, cand: Candidates, st: _RunState
                      ) -> np.ndarray | None:
@@ -813,21 +834,6 @@ class HorizonRouter(Policy):
         subclass runs in the Python loop only: the compiled loop knows the router's own terms,
         so its :meth:`compiled` must return None."""
         return None
-
-    def _returns(self, ctx: QueryContext, st: _RunState) -> tuple:
-        """The return exit's targets (:func:`carbonrouter_lib.kernel.return_targets`) for this
-        query, per model the deployment of the session's longest cache and its length, and p_left
-        per KV pool after this query's observation of the caches the session left
-        (:func:`carbonrouter_lib.kernel.observe_left`); (None, None, None) for every other
-        exit."""
-        if self.exit != "return":
-            return None, None, None
-        left = st.left.get(ctx.session)
-        if self.cache_survival and left is not None:
-            kernel.observe_left(st.keep_left, left[0], left[1], ctx.cached, st.kv_pool,
-                                self.smoothing)
-        kernel.return_targets(st.ret_dep, st.ret_len, ctx.cached, st.model)
-        return st.ret_dep, st.ret_len, st.keep_left
 
     def check_live(self, history: bool) -> None:
         """Raise ValueError (naming the parameter) where this router cannot route requests as
@@ -847,55 +853,6 @@ class HorizonRouter(Policy):
                 f" needs the carbon signal's history, and the carbon provider gives the current "
                 f"intensities only: use forecast='persistence' (params: {{forecast: "
                 f"persistence}}) or the replay provider")
-
-    def _observe(self, ctx: QueryContext) -> _RunState:
-        """The run's state (bound on its first query), after this query's observation of the
-        cache survival: what the session found of the cache it left on its previous deployment."""
-        st = self._bound
-        if st is None or st.deployments is not ctx.deployments:
-            st = self._bound = self._bind(ctx)
-            st.deployments = ctx.deployments
-        if self.option or self.kv_price:  # KV tokens held per pool, read once per decision
-            st.used = ctx.backend.pool_used_tokens()
-        b = ctx.prev
-        if self.cache_survival and ctx.turn > 0 and b >= 0:
-            hist_b = ctx.n_hist_m[st.model[b]]
-            if hist_b > 0:
-                pool = st.kv_pool[b]
-                st.keep[pool] = kernel.running_mean(st.keep[pool], ctx.cached[b] / hist_b,
-                                                    self.smoothing)
-        if self.option:
-            # does this query's context (in the reference model's tokens) fit in each KV pool
-            # without evicting another cache?
-            r = st.ref
-            need = ctx.n_hist_m[r] + ctx.n_new_m[r] + ctx.n_out_est_m[r]
-            kernel.observe_room(st.phi, st.kv_cap, st.used, float(need), self.smoothing)
-        return st
-
-    def _survival_row(self, conversation: int, f: int) -> int:
-        """The row of :func:`survival_table` for a session of ``conversation`` in fold ``f``:
-        the fold's, or, told the session length, the folds' count plus its number of turns."""
-        if self.session_length == "told":
-            return self.model.folds + int(self.model.turns[conversation])
-        return f
-
-    def _slot_prices(self, ctx: QueryContext, cand: Candidates, st: _RunState, f: int,
-                     sf: int, k: int, rho: float) -> np.ndarray:
-        """π_{p(a)}·T_k per deployment (minus the held pool's π_b·T_k on a switch), gCO2e, after
-        observing this query's displacement if it is a session's first turn
-        (:func:`carbonrouter_lib.kernel.slot_prices`); D̄ from fold ``f``'s survival, T_k from
-        row ``sf`` of :func:`survival_table`."""
-        tau = float(self.model.gap_s[f])
-        if self.slot_residence:
-            ahead0, ahead = (kernel.residence_turns(st.surv[i, kk, :self.horizon], rho)
-                             for i, kk in ((f, 0), (sf, k)))
-        else:
-            ahead0, ahead = st.surv_sum[f, 0], st.surv_sum[sf, k]
-        kernel.slot_prices(st.price, st.pi, st.displaced, st.gap, st.clock, cand.carbon,
-                           cand.ok_if_free, len(st.price), ctx.available, cand.mask, st.pool,
-                           ctx.prev, ctx.time_s, self.slot_smoothing,
-                           tau * (0.5 + ahead0), tau * (0.5 + ahead), self.slot_credit)
-        return st.price
 
     def compiled(self, info: kernel.ReplayInfo) -> dict | None:
         """The compiled rule (:mod:`carbonrouter_lib.kernel`), with the forecasts of every
@@ -936,8 +893,8 @@ class HorizonRouter(Policy):
             h_out=np.ascontiguousarray(model.out_tokens, np.float64),
             h_stay=np.ascontiguousarray(model.stay_feasible, np.float64),
             h_keep0=float(model.keep_prior.mean()), h_fc=fc, h_row0=int(row0),
-            h_fold=folds, h_sfold=(model.folds + model.turns[info.conversations]).astype(
-                np.int64) if self.session_length == "told" else folds,
+            h_fold=folds, h_sfold=survival_rows(model, info.conversations, folds,
+                                                self.session_length == "told"),
             h_slot=self.slot_price, h_slot_s=self.slot_smoothing,
             h_surv_sum=_survival_sums(surv, self.slot_horizon),
             h_tau=np.ascontiguousarray(model.gap_s, np.float64), h_slot_res=self.slot_residence,
@@ -1005,28 +962,32 @@ class _RunState:
         self.stayed = 1.0
         self.nu = 0.0  # the TTFT price's multiplier ν
         self.deployments = None
-        # per grid row (a live provider: per value of the current intensities)
-        self._fc: dict[int | bytes, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
-
-    def fold(self, conversation: int, model: HorizonModel) -> int:
-        # not cached per conversation: a live router meets new conversations without end, and
-        # the compiled hash takes 0.14 µs
-        return model.fold_of(conversation)
+        # per grid row (a live provider: per value of the current intensities), and the row in
+        # force: its interval [from, until) (s) and forecasts
+        self._fc: dict[int | bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._from, self._until = math.inf, -math.inf
+        self._cur: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def forecast(self, t: float, fold: int, ci: np.ndarray | None = None) -> np.ndarray:
         """Forecast (n_regions, J) for fold ``fold``'s J future turns, j·τ_f ahead, made at t's
         row (with the router's forecast error for the fold, if any); without a forecaster (a
         live provider), the current intensities ``ci`` (n_regions,) held."""
-        return self.forecast_with_minima(t, fold, ci)[0]
+        return self.forecasts(t, ci)[0][fold]
 
-    def forecast_with_minima(self, t: float, fold: int, ci: np.ndarray | None = None
-                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`forecast` with, per future turn, its least intensity (gCO2e/kWh, (J,)) and
-        that region ((J,) int64; :func:`carbonrouter_lib.kernel.forecast_minima`), made for every
-        fold on a grid row's first query and cached per row (one ``predict`` per row: a replay
-        meets a new row every few decisions); without a forecaster, per value of ``ci``."""
-        row = -1 if self.forecaster is None else self.forecaster.row(t)
-        key = ci.tobytes() if row < 0 else row
+    def forecasts(self, t: float, ci: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`forecast` of every fold, (folds, n_regions, J), with, per fold and future
+        turn, its least intensity (gCO2e/kWh, (folds, J)) and that region ((folds, J) int64;
+        :func:`carbonrouter_lib.kernel.forecast_minima`): made on a grid row's first query and
+        cached per row (one ``predict`` per row: a replay meets a new row every few decisions;
+        the row in force is kept with its interval, so a query in it looks nothing up);
+        without a forecaster, per value of ``ci``."""
+        if self.forecaster is None:
+            key, row = ci.tobytes(), -1
+        elif self._from <= t < self._until:
+            return self._cur
+        else:
+            row = key = self.forecaster.row(t)
         got = self._fc.get(key)
         if got is None:
             if len(self._fc) > 4096:
@@ -1044,9 +1005,11 @@ class _RunState:
             lo, arg = np.empty((n_f, n_j)), np.empty((n_f, n_j), np.int64)
             kernel.forecast_minima(every, lo.reshape(-1), arg.reshape(-1))
             fc = np.ascontiguousarray(every.reshape(n_r, n_f, n_j).transpose(1, 0, 2))
-            got = [(fc[f], lo[f], arg[f]) for f in range(n_f)]
-            self._fc[key] = got
-        return got[fold]
+            got = self._fc[key] = (fc, lo, arg)
+        if row >= 0:
+            self._from, self._until = self.forecaster.signal.row_interval(row)
+            self._cur = got
+        return got
 
 
 def survival_table(model: HorizonModel, told: bool = False) -> np.ndarray:
@@ -1060,6 +1023,17 @@ def survival_table(model: HorizonModel, told: bool = False) -> np.ndarray:
     j = np.arange(1, surv.shape[2] + 1)[None, None, :]
     big_k = np.arange(int(model.turns.max()) + 1)[:, None, None]
     return np.ascontiguousarray(np.concatenate([surv, (k + j < big_k).astype(np.float64)]))
+
+
+def survival_rows(model: HorizonModel, conversations: np.ndarray, folds: np.ndarray,
+                  told: bool = False) -> np.ndarray:
+    """The row of :func:`survival_table` of each conversation (int64, as ``conversations``):
+    its fold (``folds``, :func:`carbonrouter_lib.prepared.conversation_folds`), or, told the
+    session length, the folds' count plus its number of turns
+    (:func:`carbonrouter_lib.kernel.horizon_decide` finds the same per decision)."""
+    if told:
+        return (model.folds + model.turns[conversations]).astype(np.int64)
+    return np.asarray(folds, np.int64)
 
 
 def _survival_sums(surv: np.ndarray, horizon: int) -> np.ndarray:

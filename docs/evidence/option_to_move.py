@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from carbonrouter_lib import horizon_eval as he
-from carbonrouter_lib import metrics
+from carbonrouter_lib import kernel, metrics
 from carbonrouter_lib.build import build_policy
 from carbonrouter_lib.outputs import atomic_path
 from carbonrouter_lib.policies import make_policy
@@ -60,10 +60,38 @@ class OptionToMove(HorizonRouter):
     def compiled(self, info):
         return None  # the Python loop only
 
+    def _observe(self, ctx):
+        """The router's run state, after this query's observation of the cache survival (what
+        the session found of the cache it left on its previous deployment), as the router's
+        compiled decision makes it (kernel.horizon_decision; no option, so no room)."""
+        st = self._bound
+        if st is None or st.deployments is not ctx.deployments:
+            st = self._bound = self._bind(ctx)
+            st.deployments = ctx.deployments
+        b = ctx.prev
+        if self.cache_survival and ctx.turn > 0 and b >= 0:
+            hist_b = ctx.n_hist_m[st.model[b]]
+            if hist_b > 0:
+                pool = st.kv_pool[b]
+                st.keep[pool] = kernel.running_mean(st.keep[pool], ctx.cached[b] / hist_b,
+                                                    self.smoothing)
+        return st
+
+    def _slot_prices(self, ctx, cand, st, f, k):
+        """The router's slot price per deployment, gCO2e (kernel.slot_prices, over the
+        slot_horizon's turns as the router's)."""
+        tau = float(self.model.gap_s[f])
+        kernel.slot_prices(st.price, st.pi, st.displaced, st.gap, st.clock, cand.carbon,
+                           cand.ok_if_free, len(st.price), ctx.available, cand.mask, st.pool,
+                           ctx.prev, ctx.time_s, self.slot_smoothing,
+                           tau * (0.5 + st.surv_sum[f, 0]), tau * (0.5 + st.surv_sum[f, k]),
+                           self.slot_credit)
+        return st.price
+
     def choose(self, ctx, cand):
-        st = self._observe(ctx)  # the router's state and cache-survival observation
+        st = self._observe(ctx)
         model = self.model
-        f = st.fold(ctx.conversation, model)
+        f = model.fold_of(ctx.conversation)
         k = min(ctx.turn, model.survival.shape[1] - 1)
         rho, n_j = st.stayed, self.horizon
         fc = st.forecast(ctx.time_s, f)
@@ -86,7 +114,7 @@ class OptionToMove(HorizonRouter):
             move = miss.min(axis=0)
         cost = np.minimum(hit, move[None, :])
         q = model.stay_feasible[f][m][:, None]
-        n_m = st.other_models.shape[0]
+        n_m = model.new_tokens.shape[1]
         best = np.full((n_m, n_j), np.inf)
         for mm in range(n_m):
             if (m == mm).any():
@@ -95,8 +123,7 @@ class OptionToMove(HorizonRouter):
         cost = q * cost + (1 - q) * other[m]
         rho_w = rho if self.form == "option, roomy pools" else 1.0
         future = cost @ (model.survival[f, k, :n_j] * rho_w ** np.arange(n_j))
-        return cand.argmin(cand.carbon + future
-                           + self._slot_prices(ctx, cand, st, f, f, k, float(rho)))
+        return cand.argmin(cand.carbon + future + self._slot_prices(ctx, cand, st, f, k))
 
 
 def one(job: tuple[dict, str]) -> dict:
