@@ -7,6 +7,9 @@ rejection when no slot is free, the endpoints, and no message text in the logs.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import logging
 import math
 
@@ -276,3 +279,57 @@ def test_a_failing_carbon_provider_degrades_to_the_default_and_shows_in_metrics(
         assert 'carbonrouter_carbon_signal_failures_total{zone="BE"} 1.0' in metrics
         assert 'kind="unknown",provider="static",region="GB",source="default",zone="GB"} 300.0' \
             in metrics
+
+
+def test_a_stream_whose_client_leaves_before_the_first_chunk_frees_its_session():
+    # A client that leaves before the first chunk ends the streamed reply before its body's
+    # generator starts: Starlette cancels the body on hearing the disconnect (ASGI < 2.4) or
+    # fails at sending the response's start (2.4). The relay's own `finally` then never ran, and
+    # the session's lock, its turn and the engine's stream were held for good: the session's
+    # next request waited forever. Driven at the ASGI level, where both are exact.
+    ports = free_ports(2)
+    cfg = _config(ports)
+    core = RouterCore(cfg, CachedSignal(StaticProvider({"GB": 100.0, "BE": 300.0}), cfg.zones),
+                      clock=ManualClock(T0, scale=math.inf))
+    app = create_app(core)
+    msgs = [{"role": "user", "content": "leave early " * 20}]
+
+    async def leave(key: str, spec_version: str) -> None:
+        body = json.dumps({"model": "carbonrouter", "messages": msgs, "max_tokens": 8,
+                           "stream": True}).encode()
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": spec_version},
+                 "http_version": "1.1", "method": "POST", "scheme": "http",
+                 "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+                 "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1),
+                 "server": ("127.0.0.1", 2),
+                 "headers": [(b"content-type", b"application/json"),
+                             (b"x-session-id", key.encode())]}
+        inbox = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict:
+            return inbox.pop(0) if inbox else {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            if spec_version == "2.4":
+                raise OSError("the client has left")
+            await asyncio.sleep(0)  # a server that yields here: Starlette's cancel lands here
+
+        with contextlib.suppress(Exception):  # Starlette's ClientDisconnect (2.4)
+            await app(scope, receive, send)
+
+    async def scenario() -> None:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as c:
+                for key, spec_version in (("early-2.3", "2.3"), ("early-2.4", "2.4")):
+                    await leave(key, spec_version)
+                    s = core.session_of(key, msgs)
+                    assert core.session(s).running is None  # the turn was failed, not held
+                    assert not core.session(s).lock.locked()
+                    r = await asyncio.wait_for(c.post(
+                        "/v1/chat/completions", headers={"X-Session-ID": key},
+                        json={"model": "carbonrouter", "messages": msgs, "max_tokens": 8}), 20)
+                    assert r.status_code == 200  # the session's next request is served
+
+    with EmulatorCluster(cfg, scale=math.inf):
+        asyncio.run(scenario())

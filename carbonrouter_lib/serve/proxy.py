@@ -71,6 +71,24 @@ class _EngineFailed(Exception):
         self.reason = reason
 
 
+class _Relay(StreamingResponse):
+    """A streamed reply whose ``close`` (an async callable) runs however the response ends. A
+    client that leaves before the first chunk ends it before its body's generator starts
+    (Starlette cancels the body when it hears the disconnect, ASGI < 2.4, or fails at sending
+    the response's start, 2.4), and a generator that never started never runs its ``finally``:
+    the session's lock, its turn and the engine's stream were held for good."""
+
+    def __init__(self, content, close, **kw) -> None:
+        super().__init__(content, **kw)
+        self._close = close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._close()
+
+
 def _error(status: int, message: str, kind: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
 
@@ -230,23 +248,32 @@ def create_app(core: RouterCore) -> FastAPI:
             lock.release()
             return JSONResponse(data, status_code=resp.status_code, headers=headers)
         wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        settled = False
+
+        def settle(parts: list[str], cached) -> None:
+            # before [DONE] reaches the client: its next turn may follow
+            nonlocal settled
+            settled = True
+            core.finish(turn, _count("".join(parts), spec.family), cached, overhead_s=pre_s)
+            lock.release()
+
+        async def close() -> None:
+            # the engine or the client broke off before [DONE]: the turn did not complete. Run
+            # by the relay's end and by the response's (once each; the second does nothing)
+            nonlocal settled
+            await resp.aclose()
+            if not settled:
+                settled = True
+                core.fail(turn, "stream", cooldown=False)
+                lock.release()
 
         async def relay():
             parts: list[str] = []
             cached = None
-            settled = False
-
-            def settle() -> None:  # before [DONE] reaches the client: its next turn may follow
-                nonlocal settled
-                settled = True
-                core.finish(turn, _count("".join(parts), spec.family), cached,
-                            overhead_s=pre_s)
-                lock.release()
-
             try:
                 async for line in resp.aiter_lines():
                     if line == "data: [DONE]":
-                        settle()
+                        settle(parts, cached)
                     elif line.startswith("data: "):
                         chunk = json.loads(line[6:])
                         for c in chunk.get("choices") or []:
@@ -259,14 +286,10 @@ def create_app(core: RouterCore) -> FastAPI:
                                 continue  # the usage-only chunk the client did not ask for
                     yield line + "\n"
                 if not settled:  # an engine that closes the stream without [DONE]
-                    settle()
+                    settle(parts, cached)
             finally:
-                await resp.aclose()
-                if not settled:  # the engine or the client broke off mid-stream
-                    settled = True
-                    core.fail(turn, "stream", cooldown=False)
-                    lock.release()
+                await close()
 
-        return StreamingResponse(relay(), media_type="text/event-stream", headers=headers)
+        return _Relay(relay(), close, media_type="text/event-stream", headers=headers)
 
     return app
