@@ -11,7 +11,9 @@ two-branch labelling that trains the learned gate: :func:`_branch`) and the hori
 (its forecasts precomputed per grid row and fold; its price of the future, :func:`horizon_future`,
 is the one its Python ``choose`` calls) — written over arrays
 and compiled, one call per replay. ``simulate`` uses it for those policies (``engine="auto"``)
-and the Python loop for everything else.
+and the Python loop for everything else. The horizon router's ``choose`` in the Python loop (and
+the live router) is itself one compiled call, :func:`horizon_decide`, the loop's decision
+sequence on a :class:`HorizonState` of the run's arrays.
 
 Equivalence, not approximation: every quantity is computed with the same IEEE-754 operations in
 the same order as the reference (Numba compiles without fast-math, so nothing is reassociated or
