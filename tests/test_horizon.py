@@ -11,6 +11,7 @@ from test_simulator import AMPLE, CONFIG, T0, make_table
 
 from carbonrouter_lib import horizon_eval as he
 from carbonrouter_lib import kernel, prepared, setting, simulator
+from carbonrouter_lib.build import build_policy
 from carbonrouter_lib.carbon import CarbonSignal
 from carbonrouter_lib.policies import HorizonModel, HorizonRouter, fit_horizon_model, make_policy
 from carbonrouter_lib.policies.horizon import turn_starts
@@ -822,6 +823,23 @@ def _both_loops(table: pd.DataFrame, model: HorizonModel, sim: setting.Simulatio
     pd.testing.assert_frame_equal(rec["python"], rec["compiled"], check_exact=True)
     return rec["python"]
 
+
+
+def test_a_router_that_has_routed_can_be_copied_and_pickled():
+    # the per-run state holds a compiled struct (kernel.HorizonState) that neither copy nor
+    # pickle can carry: both carry the arrays, and the copy binds a new run state when it
+    # routes, deciding as the original did
+    import copy
+    import pickle
+
+    table, sim = _told_workload()
+    router = build_policy(HorizonRouter(), table, sim)
+    first = simulator.simulate(table, router, sim, engine="python").records
+    assert router._bound is not None and router._bound.hs is not None
+    for clone in (pickle.loads(pickle.dumps(router)), copy.deepcopy(router)):
+        assert clone._bound.hs is None
+        again = simulator.simulate(table, clone, sim, engine="python").records
+        pd.testing.assert_frame_equal(again, first, check_exact=True)
 
 def test_told_the_session_length_where_every_session_has_the_same_length():
     # where every conversation has K turns the learned survival *is* 1{k + j < K}: the router

@@ -757,17 +757,25 @@ class HorizonRouter(Policy):
         state.backend = state.used = None  # the backend and its KV tokens held per pool
         state.extra = type(self).extra_prices is not HorizonRouter.extra_prices
         state.value, state.ttft = np.zeros(d.n), np.zeros(d.n)  # Ĉ and the TTFTs, per decision
-        n_m, n_j = len(d.models), max(self.horizon, 1)
+        n_m = len(d.models)
         # the return exit's caches left by a session at its first turn: none
         state.no_left = (np.full(n_m, -1, np.int64), np.zeros(n_m))
+        state.hs = self._struct(state, d)
+        return state
+
+    def _struct(self, state: _RunState, d) -> kernel.HorizonState:
+        """The run's :class:`kernel.HorizonState` over ``state``'s arrays (shared, not copied)
+        for the deployments ``d``, made at the bind."""
+        model = self.model
+        n_m, n_j = len(d.models), max(self.horizon, 1)
         told = self.future_models == "told"
         # (writeable copies of the deployments' read-only arrays: the types the compiled
         # loop's are, so that Numba compiles the decision once for both)
-        state.hs = kernel.new_horizon_state(  # kernel.HORIZON_STATE_FIELDS' order
+        return kernel.new_horizon_state(  # kernel.HORIZON_STATE_FIELDS' order
             *(np.array(x) for x in (state.e_in, state.e_cache, state.e_out)),
             state.e_in - state.e_cache, np.array(state.v_pre),
             *(np.array(x) for x in (state.region, state.model)), state.kv_pool,
-            np.array(state.pool), np.asarray(kv_cap, np.int64), state.dom, n_m,
+            np.array(state.pool), np.asarray(state.kv_cap, np.int64), state.dom, n_m,
             d.n // len(d.regions),
             state.surv, *(np.ascontiguousarray(x, np.float64) for x in (
                 model.new_tokens, model.out_tokens, model.stay_feasible)),
@@ -791,7 +799,6 @@ class HorizonRouter(Policy):
             state.kv_lam, state.kv_price, state.kv_evict, state.ret_dep, state.ret_len,
             np.zeros(d.n, np.int64), np.zeros(d.n), np.zeros(d.n // len(d.regions)),
             np.zeros(d.n // len(d.regions)))
-        return state
 
     # ---- the decision -----------------------------------------------------------------------
 
@@ -799,7 +806,9 @@ class HorizonRouter(Policy):
         if self.horizon == 0:
             return cand.argmin(cand.carbon)
         st = self._bound
-        if st is None or st.deployments is not ctx.deployments:
+        # (a copied or unpickled state has no compiled struct: a new run state, as a copy's
+        # state meets deployments of its own anyway)
+        if st is None or st.deployments is not ctx.deployments or st.hs is None:
             st = self._bound = self._bind(ctx)
             st.deployments = ctx.deployments
         backend, turn, prev, t = ctx.backend, ctx.turn, ctx.prev, ctx.time_s
@@ -967,6 +976,12 @@ class _RunState:
         self._fc: dict[int | bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._from, self._until = math.inf, -math.inf
         self._cur: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def __getstate__(self) -> dict:
+        # a copy or a pickle carries the arrays (to read), not the compiled struct over them nor
+        # the backend's view, which neither can carry: the copy binds a new run state at its
+        # next decision (HorizonRouter.choose)
+        return self.__dict__ | {"hs": None, "backend": None, "used": None}
 
     def forecast(self, t: float, fold: int, ci: np.ndarray | None = None) -> np.ndarray:
         """Forecast (n_regions, J) for fold ``fold``'s J future turns, j·τ_f ahead, made at t's
