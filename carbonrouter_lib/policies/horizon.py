@@ -713,22 +713,21 @@ class HorizonRouter(Policy):
             keep=np.full(len(kv_cap), float(model.keep_prior.mean())),
             gaps_s=model.gap_s, horizon=self.horizon,
         )
-        state.kv_cap = kv_cap
-        # per fold, the horizon model's rows the future term reads (views, bound once)
-        state.fold_rows = [(model.new_tokens[f], model.out_tokens[f], model.stay_feasible[f],
-                            model.fallback[f], model.eligible[f]) for f in range(model.folds)]
-        state.e_in, state.e_cache, state.e_out = (np.asarray(x, np.float64)
+        state.kv_cap = np.asarray(kv_cap, np.int64)
+        # writeable copies of the deployments' read-only arrays: the types the compiled loop's
+        # are, so that Numba compiles the decision (kernel.horizon_decide) once for both
+        state.e_in, state.e_cache, state.e_out = (np.array(x, np.float64)
                                                   for x in (d.e_in, d.e_cache, d.e_out))
-        state.region, state.model = (np.asarray(x, np.int64) for x in (d.region, d.model))
+        state.region, state.model = (np.array(x, np.int64) for x in (d.region, d.model))
         state.kv_pool = np.asarray(state.kv_pool, np.int64)
         state.future, state.miss = np.zeros(d.n), np.zeros(d.n)
         state.post = np.zeros(len(d.models))  # H_0 per model, tokens
-        state.pool = np.asarray(d.pool, np.int64)
+        state.pool = np.array(d.pool, np.int64)
         state.displaced = np.zeros(d.n_pools)  # m_p, gCO2e per first turn
         state.gap = np.zeros(d.n_pools)  # ḡ_p, gCO2e per displaced first turn
         state.clock = np.array([0.0, math.nan])  # Λ (1/s), the last first turn's time (s)
         state.pi, state.price = np.zeros(d.n_pools), np.zeros(d.n)
-        state.ttft_price, state.v_pre = np.zeros(d.n), np.asarray(d.v_pre, np.float64)
+        state.ttft_price, state.v_pre = np.zeros(d.n), np.array(d.v_pre, np.float64)
         state.surv = survival_table(model, self.session_length == "told")
         state.surv_sum = _survival_sums(state.surv, self.slot_horizon)
         state.stay_j = state.exit_j = None  # the told models' q_m and exits per future turn
@@ -756,6 +755,10 @@ class HorizonRouter(Policy):
                                            d.n // len(d.regions))
         state.backend = state.used = None  # the backend and its KV tokens held per pool
         state.extra = type(self).extra_prices is not HorizonRouter.extra_prices
+        # the parameters each decision branches on, read once
+        state.kv_ttl = self.kv_price and self.kv_loss == "within_ttl"
+        state.returns = self.exit == "return"
+        state.online = self.continuation == "online"
         state.value, state.ttft = np.zeros(d.n), np.zeros(d.n)  # Ĉ and the TTFTs, per decision
         n_m = len(d.models)
         # the return exit's caches left by a session at its first turn: none
@@ -769,13 +772,9 @@ class HorizonRouter(Policy):
         model = self.model
         n_m, n_j = len(d.models), max(self.horizon, 1)
         told = self.future_models == "told"
-        # (writeable copies of the deployments' read-only arrays: the types the compiled
-        # loop's are, so that Numba compiles the decision once for both)
         return kernel.new_horizon_state(  # kernel.HORIZON_STATE_FIELDS' order
-            *(np.array(x) for x in (state.e_in, state.e_cache, state.e_out)),
-            state.e_in - state.e_cache, np.array(state.v_pre),
-            *(np.array(x) for x in (state.region, state.model)), state.kv_pool,
-            np.array(state.pool), np.asarray(state.kv_cap, np.int64), state.dom, n_m,
+            state.e_in, state.e_cache, state.e_out, state.e_in - state.e_cache, state.v_pre,
+            state.region, state.model, state.kv_pool, state.pool, state.kv_cap, state.dom, n_m,
             d.n // len(d.regions),
             state.surv, *(np.ascontiguousarray(x, np.float64) for x in (
                 model.new_tokens, model.out_tokens, model.stay_feasible)),
@@ -816,14 +815,14 @@ class HorizonRouter(Policy):
             st.backend, st.used = backend, backend.pool_used_view()
         fcs = st.forecasts(t, ctx.ci_region)
         # the KV price observes no loss where the session's caches had outlived the TTL
-        expired = (self.kv_price and self.kv_loss == "within_ttl" and turn > 0 and prev >= 0
+        expired = (st.kv_ttl and turn > 0 and prev >= 0
                    and backend.last_completion(ctx.session) + backend.config.ttl_s < t)
-        left = st.left.get(ctx.session, st.no_left) if self.exit == "return" else st.no_left
+        left = st.left.get(ctx.session, st.no_left) if st.returns else st.no_left
         # the whole decision in one compiled call (kernel.horizon_decide): the Python loop's
         # cost is in its calls and their arguments, not in the arithmetic
         a = kernel.horizon_decide(
             st.hs, ctx.conversation, turn, prev, t, expired,
-            st.stayed if self.continuation == "online" else float(self.continuation), st.nu,
+            st.stayed if st.online else float(self.continuation), st.nu,
             ctx.batch.tokens, ctx.row, ctx.cached, ctx.ci, cand.mask, ctx.available,
             cand.ok_if_free, st.used, fcs[0], fcs[1], fcs[2], left[0], left[1])
         if not st.extra:
