@@ -11,6 +11,7 @@ each notebook prints above its results.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -39,11 +40,20 @@ def setting(dataset: str, region_set: str = "paper", peak: int | str | None = No
             **workload_fields: Any) -> Setting:
     """:func:`carbonrouter_lib.scale.setting`, with the replay window starting at 00:00 UTC of
     the date ``window_start`` (``YYYY-MM-DD``, 7 days as :class:`.arrivals.ArrivalConfig`'s
-    default; None: the default window). ``workload_fields`` go to
+    default; None: the default window). A window in another year than the default carbon year
+    replays that year's carbon signal (``SimulationConfig.carbon_year``; the signal covers one
+    calendar year, so a window must end in the year it starts in). ``workload_fields`` go to
     :class:`~carbonrouter_lib.prepared.WorkloadConfig` (seed, n_sessions, max_conversations, …)."""
-    if window_start is not None:
-        workload_fields["arrival"] = ArrivalConfig(window_start=f"{window_start}T00:00:00Z")
-    return scale.setting(dataset, region_set, peak, memory, **workload_fields)
+    if window_start is None:
+        return scale.setting(dataset, region_set, peak, memory, **workload_fields)
+    if "arrival" in workload_fields:
+        raise ValueError("replays.setting: give window_start or arrival, not both")
+    arrival = ArrivalConfig(window_start=f"{window_start}T00:00:00Z")
+    wcfg, sim = scale.setting(dataset, region_set, peak, memory, arrival=arrival,
+                              **workload_fields)
+    if arrival.window_start.year != sim.carbon_year:
+        sim = dataclasses.replace(sim, carbon_year=arrival.window_start.year)
+    return wcfg, sim
 
 
 def settings(datasets: Sequence[str], region_sets: Sequence[str], peak: int | str | None = None,

@@ -158,6 +158,26 @@ def test_grid_runs_every_online_policy_and_the_variants_only_where_asked():
         he.grid_settings("huge")
 
 
+def test_the_2021_grid_replays_the_seasons_of_2021_with_its_carbon_and_is_held_out():
+    # grid "2021": the full grid's 32 settings, each season's week a year earlier (the same
+    # first Monday of the quarter), on 2021's carbon signal; held-out for every part of the
+    # router, the pair's prices (designed after the full grid and the fresh weeks) included
+    settings, variants = he.grid_settings("2021")
+    full = he.grid_settings("full")[0]
+    assert variants == [] and len(settings) == len(full) == 32
+    assert {tuple(st[k] for k in he.SETTING[:3]) for st in settings} == {
+        tuple(st[k] for k in he.SETTING[:3]) for st in full}
+    for season, day in he.YEAR_2021_WEEKS.items():
+        start = pd.Timestamp(day, tz="UTC")
+        assert start.dayofweek == 0 and start.year == 2021
+        former = pd.Timestamp(he.WINDOWS[season.split()[0]], tz="UTC")
+        assert (start.month, (start.day - 1) // 7) == (former.month, (former.day - 1) // 7)
+        wcfg, scfg = he.setting(dict(he.TUNED, season=season), max_conversations=30)
+        assert wcfg.arrival.window_start == start and scfg.carbon_year == 2021
+    assert all(he.held_out(st, he.DESIGNED_ON_PAIR) for st in settings)
+    assert he.setting(he.TUNED, max_conversations=30)[1].carbon_year == 2022
+
+
 def test_the_ttft_slo_runs_give_the_router_carbonrouters_p95_of_the_same_setting():
     # the second phase: the router with ttft_slo_s = CarbonRouter's P95 TTFT in its own setting
     # is the target; the router without it is relabelled; variants are not carried over

@@ -3,9 +3,13 @@ the notebooks built by hand (scale.setting and RunSpec.make in loops) before the
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
+import pandas as pd
 import pytest
 
-from carbonrouter_lib import experiments, replays, scale, sweep
+from carbonrouter_lib import experiments, prepared, replays, scale, simulator, sweep
 from carbonrouter_lib.arrivals import ArrivalConfig
 
 WORKLOAD = {"n_sessions": None, "seed": 0, "max_conversations": 40}
@@ -78,3 +82,27 @@ def test_describe_one_row_per_setting(grid):
     assert list(table.index) == ["sharegpt / paper", "unscaled"]
     assert table.loc["sharegpt / paper", "peak_sessions"] >= table.loc["unscaled", "peak_sessions"]
     assert {"sessions_per_s", "copies", "queries", "slots_per_pool", "kv_memory"} <= set(table)
+
+
+def test_a_window_in_another_year_replays_that_years_carbon():
+    # the signal covers one calendar year: a window in 2021 replays 2021's intensities, and
+    # the 2022 windows keep the default carbon year (their runs' keys do not move)
+    w21, s21 = replays.setting("sharegpt", window_start="2021-04-05", peak="unscaled", **WORKLOAD)
+    w22, s22 = replays.setting("sharegpt", window_start="2022-04-04", peak="unscaled", **WORKLOAD)
+    base = scale.setting("sharegpt", peak="unscaled", **WORKLOAD)[1]
+    assert s22 == base and s22.carbon_year == 2022
+    assert s21 == dataclasses.replace(base, carbon_year=2021)
+    signal = s21.signal()
+    assert signal.row_interval(0)[0] == pd.Timestamp("2021-01-01", tz="UTC").value / 1e9
+    # a 2021 replay runs on that signal: every query's carbon is its energy times 2021's
+    # intensity of its region at its dispatch
+    r = simulator.simulate(prepared.prepare_workload(w21), "session-affinity", s21,
+                           signal).records
+    start = pd.Timestamp("2021-04-05", tz="UTC").value / 1e9
+    assert r["dispatch_s"].between(start, start + 8 * 86400).all()
+    ci = np.array([signal.at(d)[signal.region_index(z)] for d, z in zip(r["dispatch_s"],
+                                                                       r["region"], strict=True)])
+    assert (r["carbon_g"] / r["energy_kwh"]).to_numpy() == pytest.approx(ci, rel=1e-12)
+    with pytest.raises(ValueError, match="not both"):
+        replays.setting("sharegpt", window_start="2021-04-05",
+                        arrival=ArrivalConfig(window_start="2021-04-05T00:00:00Z"), **WORKLOAD)

@@ -110,11 +110,17 @@ def write_variant_grid(t: pd.DataFrame, name: str, grid: str, other: str = CREDI
     """Save a variant's grid (table ``t``, the variant as the target and the default router as
     ``other``) as ``horizon_{name}_{grid}_{table,verdicts,bound}.csv`` here, with the verdicts
     and the shares of the committed bound, and print them."""
-    v = he.verdicts(t)
     path = HERE / f"horizon_{grid}_bound.csv"
     shares = bound_shares(t, pd.read_csv(path) if path.exists() else None, other, designed_on)
+    save_grid(t, shares, f"horizon_{name}_{grid}")
+
+
+def save_grid(t: pd.DataFrame, shares: pd.DataFrame, name: str) -> None:
+    """Save a grid's table ``t``, its verdicts and its bound ``shares`` as
+    ``<name>_{table,verdicts,bound}.csv`` here, and print the verdicts and the shares."""
+    v = he.verdicts(t)
     for part, frame in (("table", t), ("verdicts", v), ("bound", shares)):
-        save_table(frame, f"horizon_{name}_{grid}_{part}", HERE, parquet=False)
+        save_table(frame, f"{name}_{part}", HERE, parquet=False)
     print(v.round(3).to_string())
     print(shares.pivot_table(index=list(he.SETTING), columns="policy", sort=False,
                              values="share_of_possible_saving").round(3).to_string())
