@@ -965,23 +965,65 @@ def test_the_committed_kv_room_and_switch_kinds_say_what_the_model_document_says
     assert m["co2_kg"].to_numpy() == pytest.approx(m["total_co2_kg"].to_numpy(), rel=1e-9)
 
 
-def test_the_committed_fresh_weeks_follow_from_their_runs():
-    # docs/evidence/horizon_fresh_*.csv (notebook 09 with grid="fresh"): every setting of the
-    # grid in the fresh weeks, all held-out; the verdicts follow from the table, the shares from
-    # the runs; the README's counts are these.
-    t, v = _committed_grid("horizon_fresh", "fresh")
-    b = pd.read_csv(EVIDENCE / "horizon_fresh_bound.csv")
-    assert set(v["season"]) == set(he.FRESH_WEEKS) and v["held_out"].all()
+def _held_out_grid(name: str, grid: str, weeks) -> tuple[pd.DataFrame, ...]:
+    """A committed held-out grid of notebook 09 (``<name>_{table,verdicts,bound}.csv``): every
+    setting of ``GRIDS[grid]`` in the windows ``weeks``, all held-out; the verdicts follow from
+    the table, each share of the bound's possible saving from the runs' CO2 and the bound, which
+    is below every run. Returns the table, verdicts and shares."""
+    t, v = _committed_grid(name, grid)
+    b = pd.read_csv(EVIDENCE / f"{name}_bound.csv")
+    assert set(v["season"]) == set(weeks) and v["held_out"].all() and b["held_out"].all()
     m = b.merge(t[[*he.SETTING, "policy", "total_co2_kg"]], on=[*he.SETTING, "policy"])
     assert len(m) == len(b) == 32 * (len(he.ONLINE) + 1)
     assert m["co2_kg"].to_numpy() == pytest.approx(m["total_co2_kg"].to_numpy(), rel=1e-12)
     sa = m["session_affinity_kg"]
     assert m["share_of_possible_saving"].to_numpy() == pytest.approx(
         ((sa - m["co2_kg"]) / (sa - m["bound_kg"])).to_numpy(), rel=1e-12)
-    assert (m["bound_kg"] < m["co2_kg"]).all() and b["held_out"].all()
+    assert (m["bound_kg"] < m["co2_kg"]).all()
+    return t, v, b
+
+
+def test_the_committed_fresh_weeks_follow_from_their_runs():
+    # docs/evidence/horizon_fresh_*.csv (notebook 09 with grid="fresh"): every setting of the
+    # grid in the fresh weeks, all held-out; the verdicts follow from the table, the shares from
+    # the runs; the README's counts are these.
+    _, v, _ = _held_out_grid("horizon_fresh", "fresh", he.FRESH_WEEKS)
     c = v["lowest_co2"].value_counts()
     assert (f"in the fresh weeks it has the lowest CO2 in {c.get('holds', 0)}, ties in "
             f"{c.get('tie', 0)} and loses in {c.get('fails', 0)}") in _readme_text()
+
+
+def test_the_committed_2021_grid_follows_from_its_runs():
+    # docs/evidence/horizon_2021_*.csv (year2021.py: notebook 09 with grid="2021"): every setting
+    # of the grid, all held-out; the verdicts follow from the table, the shares from the runs and
+    # the bound; the README's counts and ranges are these.
+    _, v, b = _held_out_grid("horizon_2021", "2021", he.YEAR_2021_WEEKS)
+    text = _readme_text()
+    c = v["lowest_co2"].value_counts()
+    assert (f"In 2021 it has the lowest CO2 in {c.get('holds', 0)}, ties in {c.get('tie', 0)} "
+            f"and loses in {c.get('fails', 0)}") in text
+    met = (v["p95_ttft_s"] <= v["p95_ttft_carbonrouter_s"]).sum()
+    assert f"at most CarbonRouter's in {met} of 32 and its quality ≥ 0.980" in text
+    assert v["quality_rel"].min() >= 0.980
+    mine = b[b["policy"] == he.TARGET].set_index(list(he.SETTING))["share_of_possible_saving"]
+    best = b[b["policy"].isin(he.ONLINE)].groupby(list(he.SETTING))[
+        "share_of_possible_saving"].max()
+    assert (mine > best.reindex(mine.index)).all()
+    lo, hi = 100 * mine.min(), 100 * mine.max()
+    assert (f"It captures {lo:.0f}–{hi:.0f}% of the bound's possible saving (median "
+            f"{100 * mine.median():.1f}%; ≥ 70% in {(mine >= 0.7).sum()} of 32, all on the "
+            f"Mooncake trace; ShareGPT at most "
+            f"{100 * mine.xs('sharegpt').max():.1f}%)") in text
+    assert (mine.xs("sharegpt") < 0.7).all()
+    assert (f"in {(mine >= 0.7).sum()} of the 32 settings of 2021's seasons" in _model_text()
+            and f"median {100 * mine.median():.1f}%): all seven on the Mooncake trace, ShareGPT "
+                f"at most {100 * mine.xs('sharegpt').max():.1f}%" in _model_text())
+    for ds, memory, lead in (("sharegpt", "paper", "16.9–22.6"), ("sharegpt", "paper x10",
+                                                                  "0.1–3.8"),
+                             ("mooncake", None, "8.1–22.7")):
+        g = v[(v["dataset"] == ds) & ((v["memory"] == memory) if memory else True)]
+        pct = g["saving_vs_best_pct"]
+        assert f"{pct.min():.1f}–{pct.max():.1f}" == lead and lead + "%" in text
 
 
 def _evidence_module(name: str):
