@@ -91,6 +91,9 @@ def test_the_router_before_the_pair_is_pinned_by_its_evidence_scripts():
     assert scripts.pop("slot16") is False
     assert scripts.pop("horizon_length") is False
     assert scripts.pop("slot_turns") is False  # the default's parameters, slot16.SLOT16_ROUTER
+    assert scripts.pop("year2021") is False  # the same, given to both of its grids
+    assert inspect.getsource(_evidence_module("year2021").grid_runs).count(
+        "target_params=SLOT16_ROUTER") == 2
     assert len(scripts) >= 12 and all(scripts.values()), scripts
     assert "target_params=he.BEFORE_PAIR" in inspect.getsource(
         _evidence_module("slot_credit").variant_runs)
@@ -1002,6 +1005,11 @@ def test_the_committed_2021_grid_follows_from_its_runs():
     c = v["lowest_co2"].value_counts()
     assert (f"In 2021 it has the lowest CO2 in {c.get('holds', 0)}, ties in {c.get('tie', 0)} "
             f"and loses in {c.get('fails', 0)}") in text
+    cells = json.loads((EVIDENCE.parents[1] / "notebooks" / "09_horizon_router.ipynb")
+                       .read_text())["cells"]
+    notebook = " ".join(" ".join("".join(c["source"]) for c in cells).split())
+    assert (f'the lowest CO2 in {c.get("holds", 0)} of 32, a tie in {c.get("tie", 0)}, '
+            f'no loss' in notebook) and not c.get("fails", 0)
     met = (v["p95_ttft_s"] <= v["p95_ttft_carbonrouter_s"]).sum()
     assert f"at most CarbonRouter's in {met} of 32 and its quality ≥ 0.980" in text
     assert v["quality_rel"].min() >= 0.980
@@ -1024,6 +1032,48 @@ def test_the_committed_2021_grid_follows_from_its_runs():
         g = v[(v["dataset"] == ds) & ((v["memory"] == memory) if memory else True)]
         pct = g["saving_vs_best_pct"]
         assert f"{pct.min():.1f}–{pct.max():.1f}" == lead and lead + "%" in text
+
+
+def test_the_committed_2021_told_references_follow_from_their_runs():
+    # docs/evidence/horizon_told_2021_*.csv (year2021.py told): the router and Session-Affinity
+    # are the held-out year's committed runs to the last digit, each reference's share follows
+    # from its CO2 and the committed bound, and docs/model.md's and the README's numbers are these
+    t = pd.read_csv(EVIDENCE / "horizon_told_2021_table.csv")
+    b = pd.read_csv(EVIDENCE / "horizon_told_2021_bound.csv")
+    main = pd.read_csv(EVIDENCE / "horizon_2021_table.csv")
+    key = [*he.SETTING, "policy"]
+    mine = t.merge(main[[*key, "total_co2_kg"]], on=key, suffixes=("", "_c"))
+    assert len(mine) == 2 * 32 and (mine["total_co2_kg"] == mine["total_co2_kg_c"]).all()
+    assert set(t["policy"]) == {"session-affinity", he.TARGET, *he.TOLD} and len(t) == 32 * 7
+    bounds = pd.read_csv(EVIDENCE / "horizon_2021_bound.csv")[[*he.SETTING, "bound_kg"]]
+    m = b.merge(bounds.drop_duplicates(), on=list(he.SETTING), suffixes=("", "_c"))
+    assert len(m) == len(b) == 32 * (1 + len(he.TOLD)) and (m["bound_kg"] == m["bound_kg_c"]).all()
+    sa = m["session_affinity_kg"]
+    assert m["share_of_possible_saving"].to_numpy() == pytest.approx(
+        ((sa - m["co2_kg"]) / (sa - m["bound_kg"])).to_numpy(), rel=1e-12)
+    assert b["held_out"].all()
+    w = 100 * b.pivot_table(index=list(he.SETTING), columns="policy",
+                            values="share_of_possible_saving")
+    ds, mem = w.index.get_level_values("dataset"), w.index.get_level_values("memory")
+    all3, me = w["told all three"], w[he.TARGET]
+
+    def span(x, f="{:.0f}", sep="–"):
+        return (f.format(x.min()) + sep + f.format(x.max())).replace("-", "−")
+
+    def pts(x):
+        return span(x, "{:+.1f}", " to ") + " points"
+
+    tight = (ds == "sharegpt") & (mem == "paper")
+    ample, moon = (ds == "sharegpt") & (mem == "paper x10"), ds == "mooncake"
+    below = (all3[ds == "sharegpt"] < 70).sum()
+    assert (f"told all three, ShareGPT reaches {span(all3[tight])}% under the paper's memory rule "
+            f"(the router {span(me[tight])}%; {pts((all3 - me)[tight])}) and {span(all3[ample])}% "
+            f"with ample memory ({pts((all3 - me)[ample])}), ≥ 70% in {16 - below} of its 16 "
+            f"settings; on the Mooncake trace the session length is worth "
+            f"{pts((w['told the session length'] - me)[moon])} and told all three it reaches "
+            f"{span(all3[moon])}%; the intensities are worth {pts(w['told the intensities'] - me)} "
+            f"in all 32") in _model_text()
+    assert f"still stays below 70% in {below} of ShareGPT's 16 settings there" in _readme_text()
 
 
 def _evidence_module(name: str):

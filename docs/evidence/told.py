@@ -94,6 +94,19 @@ def shares(t: pd.DataFrame, bounds: pd.DataFrame,
     return bound_shares(t, bounds, policies=(he.TARGET, *he.TOLD), designed_on=designed_on)
 
 
+def save_told(t: pd.DataFrame, name: str, bound_csv: str, designed_on) -> None:
+    """Save the told references' table ``t`` and their shares of the committed bound
+    (``bound_csv`` here) as ``<name>_{table,bound}.csv`` here, and print the shares."""
+    s = shares(t, pd.read_csv(HERE / bound_csv), designed_on)
+    save_table(t, f"{name}_table", HERE, parquet=False)
+    save_table(s, f"{name}_bound", HERE, parquet=False)
+    wide = s.pivot_table(index=list(he.SETTING), columns="policy", sort=False,
+                         values="share_of_possible_saving")[[he.TARGET, *he.TOLD]]
+    print(wide.round(3).to_string())
+    print(wide.groupby(level=["dataset", "memory"]).median().round(3).to_string())
+    print("≥ 0.70:", (wide >= 0.70).sum().to_dict())
+
+
 def length_by_prompt(bins: int = 8) -> pd.DataFrame:
     """Per dataset (the tuned setting's workload, each conversation once): the conversations'
     mean number of turns and share of one-turn conversations per quantile bin (``bins``) of their
@@ -136,15 +149,8 @@ def main(grid: str) -> None:
         committed[committed["policy"] == he.TARGET], on=list(he.SETTING), suffixes=("", "_c"))
     drift = float(np.max(np.abs(mine["total_co2_kg"] / mine["total_co2_kg_c"] - 1)))
     print(f"the router's CO2 against the committed table: largest relative difference {drift:.2e}")
-    s = shares(t, pd.read_csv(HERE / f"horizon_{grid}_bound.csv"), designed_on)
-    name = f"horizon_told_pair_{grid}" if pair else f"horizon_told_{grid}"
-    save_table(t, f"{name}_table", HERE, parquet=False)
-    save_table(s, f"{name}_bound", HERE, parquet=False)
-    wide = s.pivot_table(index=list(he.SETTING), columns="policy", sort=False,
-                         values="share_of_possible_saving")[[he.TARGET, *he.TOLD]]
-    print(wide.round(3).to_string())
-    print(wide.groupby(level=["dataset", "memory"]).median().round(3).to_string())
-    print("≥ 0.70:", (wide >= 0.70).sum().to_dict())
+    save_told(t, f"horizon_told_pair_{grid}" if pair else f"horizon_told_{grid}",
+              f"horizon_{grid}_bound.csv", designed_on)
     if grid == "full" and not pair:
         by = length_by_prompt()
         save_table(by, "horizon_told_length_by_prompt", HERE, parquet=False)
