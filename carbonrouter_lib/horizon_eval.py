@@ -24,7 +24,7 @@ router has had since 2026-12-07 (J = 1, the slot price's remaining time over 16 
 J = 16 for both) was chosen on the full grid: the fresh weeks and the scale sweep are held-out
 for that choice (docs/evidence/horizon_length.py, slot16.py). The pair's two prices were designed
 after both grids had been seen. The seasons' weeks of 2021 (:data:`YEAR_2021_WEEKS`, grid
-``"2021"``, with 2021's carbon signal) were replayed first after all of it (2026-12-07): all 32
+``"year2021"``, with 2021's carbon signal) were replayed first after all of it (2026-12-07): all 32
 of their settings are held-out for every part of the router as it is.
 """
 
@@ -120,7 +120,7 @@ FRESH_WEEKS: dict[str, str] = {"february": "2022-02-07", "may": "2022-05-09",
 #: 2021), replayed with 2021's carbon signal (:func:`carbonrouter_lib.replays.setting` takes the
 #: carbon year from the window): a year no run looked at before every part of the router was
 #: designed, so held-out for all of it, the pair's prices and its horizon included (grid
-#: ``"2021"``).
+#: ``"year2021"``).
 YEAR_2021_WEEKS: dict[str, str] = {"winter 2021": "2021-01-04", "spring 2021": "2021-04-05",
                                    "summer 2021": "2021-07-05", "autumn 2021": "2021-10-04"}
 #: Every replay window a setting may name: the seasons, the fresh weeks and 2021's weeks.
@@ -159,7 +159,7 @@ def _settings(datasets, region_sets, memories, seasons) -> list[dict[str, str]]:
 #: table): the four seasons, the ablations also with ample memory; "full": both datasets ×
 #: both region sets × both memory rules × the four seasons, the ablations in the four winter
 #: settings of the paper's regions; "smoke": the tuned setting (the notebook's tests); "fresh": the
-#: full grid's 32 settings in the fresh weeks (:data:`FRESH_WEEKS`), no ablations; "2021": the
+#: full grid's 32 settings in the fresh weeks (:data:`FRESH_WEEKS`), no ablations; "year2021": the
 #: full grid's 32 settings in the seasons' weeks of 2021 (:data:`YEAR_2021_WEEKS`), no ablations.
 GRIDS: dict[str, tuple[list[dict[str, str]], list[dict[str, str]]]] = {
     "reproduce": (
@@ -184,7 +184,7 @@ GRIDS: dict[str, tuple[list[dict[str, str]], list[dict[str, str]]]] = {
     "smoke": ([dict(TUNED)], [dict(TUNED)]),
     "fresh": (_settings(["sharegpt", "mooncake"], ["paper", "em-only"], ["paper", "paper x10"],
                         list(FRESH_WEEKS)), []),
-    "2021": (_settings(["sharegpt", "mooncake"], ["paper", "em-only"], ["paper", "paper x10"],
+    "year2021": (_settings(["sharegpt", "mooncake"], ["paper", "em-only"], ["paper", "paper x10"],
                        list(YEAR_2021_WEEKS)), []),
 }
 

@@ -162,10 +162,10 @@ def test_grid_runs_every_online_policy_and_the_variants_only_where_asked():
 
 
 def test_the_2021_grid_replays_the_seasons_of_2021_with_its_carbon_and_is_held_out():
-    # grid "2021": the full grid's 32 settings, each season's week a year earlier (the same
+    # grid "year2021": the full grid's 32 settings, each season's week a year earlier (the same
     # first Monday of the quarter), on 2021's carbon signal; held-out for every part of the
     # router, the pair's prices (designed after the full grid and the fresh weeks) included
-    settings, variants = he.grid_settings("2021")
+    settings, variants = he.grid_settings("year2021")
     full = he.grid_settings("full")[0]
     assert variants == [] and len(settings) == len(full) == 32
     assert {tuple(st[k] for k in he.SETTING[:3]) for st in settings} == {
@@ -997,10 +997,10 @@ def test_the_committed_fresh_weeks_follow_from_their_runs():
 
 
 def test_the_committed_2021_grid_follows_from_its_runs():
-    # docs/evidence/horizon_2021_*.csv (year2021.py: notebook 09 with grid="2021"): every setting
-    # of the grid, all held-out; the verdicts follow from the table, the shares from the runs and
-    # the bound; the README's counts and ranges are these.
-    _, v, b = _held_out_grid("horizon_2021", "2021", he.YEAR_2021_WEEKS)
+    # docs/evidence/horizon_2021_*.csv (year2021.py: notebook 09 with grid="year2021"): every
+    # setting of the grid, all held-out; the verdicts follow from the table, the shares from
+    # the runs and the bound; the README's counts and ranges are these.
+    _, v, b = _held_out_grid("horizon_2021", "year2021", he.YEAR_2021_WEEKS)
     text = _readme_text()
     c = v["lowest_co2"].value_counts()
     assert (f"In 2021 it has the lowest CO2 in {c.get('holds', 0)}, ties in {c.get('tie', 0)} "

@@ -1,5 +1,5 @@
 """The router as it is (its defaults: the pair, J = 1, the slot price over 16 turns) against every
-online policy in a year no run had looked at: the seasons' weeks of 2021 (grid ``"2021"``,
+online policy in a year no run had looked at: the seasons' weeks of 2021 (grid ``"year2021"``,
 :data:`carbonrouter_lib.horizon_eval.YEAR_2021_WEEKS`, the first Monday of January, April, July
 and October), replayed with 2021's carbon signal, the full grid's 32 settings otherwise (both
 datasets, both region sets, both KV-memory rules).
@@ -27,8 +27,8 @@ much of the bound's saving the information the router lacks is worth. References
 policies. The router's runs are the main tables' to the last digit (checked). About 10 minutes
 on two cores with the main tables' runs cached.
 
-The runs are notebook 09's with ``grid="2021"`` (its two phases: CarbonRouter first, its P95 TTFT
-per setting the router's SLO), with the router's parameters given explicitly
+The runs are notebook 09's with ``grid="year2021"`` (its two phases: CarbonRouter first, its P95
+TTFT per setting the router's SLO), with the router's parameters given explicitly
 (:data:`slot16.SLOT16_ROUTER`, its defaults since 2026-12-07), so a rerun makes these tables again
 whatever the defaults become. No oracle gate
 (a reference, not online: most of an hour of a grid on two cores). About 40 minutes on two cores
@@ -53,7 +53,9 @@ from slot_credit import save_grid  # noqa: E402  (table, verdicts and bound shar
 from told import first_phase_slos, save_told  # noqa: E402  (notebook 09's first phase)
 
 #: The grid of these tables.
-GRID = "2021"
+GRID = "year2021"
+#: The tables' names: ``horizon_2021_*``, ``horizon_told_2021_*``.
+YEAR = "2021"
 
 
 def grid_runs(told: bool = False) -> pd.DataFrame:
@@ -79,15 +81,15 @@ def main(what: str) -> None:
     results = sweep.run_sweep(list(runs["spec"]))
     t = he.table(results, runs, designed_on=he.DESIGNED_ON_PAIR)
     if what == "grid":
-        save_grid(t, he.bound_shares(results, runs), f"horizon_{GRID}")
+        save_grid(t, he.bound_shares(results, runs), f"horizon_{YEAR}")
         return
-    committed = pd.read_csv(HERE / f"horizon_{GRID}_table.csv")
+    committed = pd.read_csv(HERE / f"horizon_{YEAR}_table.csv")
     key = [*he.SETTING, "policy"]
     mine = t.merge(committed[[*key, "total_co2_kg"]], on=key, suffixes=("", "_c"))
     if len(mine) != 2 * 32 or not (mine["total_co2_kg"] == mine["total_co2_kg_c"]).all():
         raise SystemExit("year2021.py told: the router's or Session-Affinity's runs are not the "
-                         f"committed horizon_{GRID}_table.csv's")
-    save_told(t, f"horizon_told_{GRID}", f"horizon_{GRID}_bound.csv", he.DESIGNED_ON_PAIR)
+                         f"committed horizon_{YEAR}_table.csv's")
+    save_told(t, f"horizon_told_{YEAR}", f"horizon_{YEAR}_bound.csv", he.DESIGNED_ON_PAIR)
 
 
 if __name__ == "__main__":
