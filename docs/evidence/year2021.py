@@ -24,15 +24,15 @@ intensities (another year of every region's grid) are ones no choice was made on
 models its future turns will need, all three; docs/model.md §11.4c), each given the router's SLO,
 beside the router, and each one's share of the bound's possible saving: on a held-out year, how
 much of the bound's saving the information the router lacks is worth. References, not online
-policies. The router's runs are the main tables' to the last digit (checked). About 10 minutes
-on two cores with the main tables' runs cached.
+policies. The router's runs are the main tables' to the last digit (checked). 10–15 minutes on
+two cores with the main tables' runs cached.
 
 The runs are notebook 09's with ``grid="year2021"`` (its two phases: CarbonRouter first, its P95
 TTFT per setting the router's SLO), with the router's parameters given explicitly
 (:data:`slot16.SLOT16_ROUTER`, its defaults since 2026-12-07), so a rerun makes these tables again
-whatever the defaults become. No oracle gate
-(a reference, not online: most of an hour of a grid on two cores). About 40 minutes on two cores
-from scratch, the bounds included. Run from the repository root:
+whatever the defaults become. No oracle gate (a reference, not online: most of an hour of a grid
+on two cores). About 20 minutes on two cores from scratch (224 runs in 7 minutes, the data's
+preparation and the 32 bounds the rest). Run from the repository root:
 ``.venv/bin/python docs/evidence/year2021.py [told]``.
 """
 
