@@ -44,8 +44,8 @@ from carbonrouter_lib.replays import SEASONS
 from carbonrouter_lib.sweep import RunSpec
 
 __all__ = ["TARGET", "ONLINE", "REFERENCE", "FORMER", "VARIANTS", "NOISE", "TUNED", "FRESH_WEEKS",
-           "WINDOWS", "YEAR_2021_WEEKS", "DESIGNED_ON", "SETTING", "GRIDS", "SCALE_GRIDS",
-           "SCALE_BY", "setting",
+           "WINDOWS", "YEAR_2021_WEEKS", "DESIGNED_ON", "SETTING", "GRIDS", "WITHOUT_REFERENCE",
+           "SCALE_GRIDS", "SCALE_BY", "setting",
            "grid", "grid_settings", "scale_grid", "table", "scale_table", "verdicts",
            "variants_table", "bound_shares", "scale_bound_shares", "first_turn_split",
            "held_out", "with_ttft_slo",
@@ -187,6 +187,10 @@ GRIDS: dict[str, tuple[list[dict[str, str]], list[dict[str, str]]]] = {
     "year2021": (_settings(["sharegpt", "mooncake"], ["paper", "em-only"], ["paper", "paper x10"],
                        list(YEAR_2021_WEEKS)), []),
 }
+#: The grids of notebook 09 without the oracle gate's reference runs (2–4 minutes each): make
+#: reproduce's (its budget) and the held-out weeks' (2022's fresh weeks, 2021's seasons), whose
+#: verdicts compare online policies only.
+WITHOUT_REFERENCE: tuple[str, ...] = ("reproduce", "fresh", "year2021")
 
 
 #: The settings looked at while the router as it now is (the pair, the default since 2026-12-06)

@@ -63,7 +63,7 @@ class OptionToMove(HorizonRouter):
     def _observe(self, ctx):
         """The router's run state, after this query's observation of the cache survival (what
         the session found of the cache it left on its previous deployment), as the router's
-        compiled decision makes it (kernel.horizon_decision; no option, so no room)."""
+        compiled decision makes it (kernel.horizon_decide; no option, so no room)."""
         st = self._bound
         if st is None or st.deployments is not ctx.deployments:
             st = self._bound = self._bind(ctx)
